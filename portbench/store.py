@@ -1,0 +1,212 @@
+"""The frozen window store: ``data/windows/`` (one Parquet file per source plus a manifest).
+
+Every window's rows carry a sha256 in the manifest; loading recomputes it and refuses a window whose
+rows changed, naming it. Writes are atomic (temporary file, then rename), so an interrupted
+``portbench windows add`` leaves the store as it was.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from collections.abc import Iterable
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .workload import Window, make_window
+
+#: Columns of a source's Parquet file, in order.
+REQUEST_COLUMNS = ["window_id", "request_index", "arrival_s", "input_tokens", "output_tokens",
+                   "predicted_output_tokens", "source_record_id"]
+#: Columns the manifest always has; sources may add provenance columns after them.
+MANIFEST_COLUMNS = ["source", "window_id", "n_requests", "sha256", "paper_lambda_ref"]
+SOURCES_OF_THE_STUDY = ("azure_llm_2024", "bailian_qwen", "burstgpt")
+
+
+class WindowStoreError(RuntimeError):
+    """The window store is missing, inconsistent or tampered with."""
+
+
+def default_data_dir() -> Path:
+    """``$PORTBENCH_DATA`` if set, else the ``data/`` folder beside the package."""
+    env = os.environ.get("PORTBENCH_DATA")
+    return Path(env) if env else Path(__file__).resolve().parent.parent / "data"
+
+
+def windows_dir(data_dir: Path | None = None) -> Path:
+    return Path(data_dir or default_data_dir()) / "windows"
+
+
+def rows_sha256(arrival_s, input_tokens, output_tokens, predicted_output_tokens) -> str:
+    """Content hash of a window's rows: the four columns as little-endian float64/int64 bytes."""
+    h = hashlib.sha256()
+    h.update(np.ascontiguousarray(arrival_s, dtype="<f8").tobytes())
+    for col in (input_tokens, output_tokens, predicted_output_tokens):
+        h.update(np.ascontiguousarray(col, dtype="<i8").tobytes())
+    return h.hexdigest()
+
+
+def atomic_write(path: Path, write) -> None:
+    """Call ``write(tmp_path)`` then move the temporary file onto ``path`` in one rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_manifest(data_dir: Path | None = None) -> pd.DataFrame:
+    path = windows_dir(data_dir) / "manifest.csv"
+    if not path.exists():
+        raise WindowStoreError(f"no window manifest at {path}")
+    manifest = pd.read_csv(path, dtype={"window_id": str, "source": str, "sha256": str})
+    missing = [c for c in MANIFEST_COLUMNS if c not in manifest.columns]
+    if missing:
+        raise WindowStoreError(f"{path}: missing columns {missing}")
+    if manifest["window_id"].duplicated().any():
+        dup = manifest.loc[manifest["window_id"].duplicated(), "window_id"].iloc[0]
+        raise WindowStoreError(f"{path}: window_id {dup!r} listed twice")
+    return manifest
+
+
+@lru_cache(maxsize=16)
+def _read_source_table(path: str, mtime_ns: int) -> pd.DataFrame:
+    return pd.read_parquet(path)
+
+
+def _source_table(data_dir: Path | None, source: str) -> pd.DataFrame:
+    path = windows_dir(data_dir) / f"{source}.parquet"
+    if not path.exists():
+        raise WindowStoreError(f"source {source!r} is in the manifest but {path} is missing")
+    return _read_source_table(str(path), path.stat().st_mtime_ns)
+
+
+def list_windows(data_dir: Path | None = None, source: str | None = None) -> pd.DataFrame:
+    """The manifest, optionally for one source."""
+    manifest = read_manifest(data_dir)
+    if source is not None:
+        if source not in set(manifest["source"]):
+            raise KeyError(f"unknown source {source!r}; known: {sorted(set(manifest['source']))}")
+        manifest = manifest[manifest["source"] == source]
+    return manifest.reset_index(drop=True)
+
+
+def load_window(window_id: str, data_dir: Path | None = None) -> Window:
+    """Load one window and verify its checksum."""
+    manifest = read_manifest(data_dir)
+    entry = manifest[manifest["window_id"] == window_id]
+    if entry.empty:
+        raise KeyError(f"unknown window {window_id!r} (see `portbench windows list`)")
+    return _window_from_entry(entry.iloc[0], data_dir)
+
+
+def load_windows(data_dir: Path | None = None, source: str | None = None,
+                 window_ids: Iterable[str] | None = None) -> list[Window]:
+    """Load and verify many windows (all of them by default), in manifest order."""
+    manifest = list_windows(data_dir, source)
+    if window_ids is not None:
+        wanted = list(window_ids)
+        unknown = sorted(set(wanted) - set(manifest["window_id"]))
+        if unknown:
+            raise KeyError(f"unknown windows: {unknown}")
+        manifest = manifest.set_index("window_id").loc[wanted].reset_index()
+    return [_window_from_entry(row, data_dir) for _, row in manifest.iterrows()]
+
+
+def _window_from_entry(entry: pd.Series, data_dir: Path | None) -> Window:
+    table = _source_table(data_dir, entry["source"])
+    rows = table[table["window_id"] == entry["window_id"]].sort_values("request_index")
+    if len(rows) != entry["n_requests"]:
+        raise WindowStoreError(f"window {entry['window_id']!r}: manifest says {entry['n_requests']} "
+                               f"requests, the store has {len(rows)}")
+    cols = [rows[c].to_numpy() for c in ("arrival_s", "input_tokens", "output_tokens",
+                                         "predicted_output_tokens")]
+    digest = rows_sha256(*cols)
+    if digest != entry["sha256"]:
+        raise WindowStoreError(f"window {entry['window_id']!r} failed its checksum: its rows were "
+                               f"changed since the manifest was written (expected {entry['sha256'][:12]}…, "
+                               f"got {digest[:12]}…)")
+    meta = {k: v for k, v in entry.items() if k not in ("source", "window_id") and not pd.isna(v)}
+    return make_window(entry["window_id"], entry["source"], *cols, meta=meta)
+
+
+def write_source(source: str, windows: list[dict], data_dir: Path | None = None, *,
+                 replace: bool = False) -> pd.DataFrame:
+    """Add (or with ``replace`` overwrite) a source's windows in the store, atomically.
+
+    ``windows``: dicts with ``window_id``, the four request columns, optional ``source_record_id``
+    (list of str) and any extra manifest fields (``paper_lambda_ref`` defaults to NaN).
+    Returns the new manifest rows.
+    """
+    wdir = windows_dir(data_dir)
+    manifest_path = wdir / "manifest.csv"
+    manifest = read_manifest(data_dir) if manifest_path.exists() else pd.DataFrame(columns=MANIFEST_COLUMNS)
+    if source in set(manifest["source"]) and not replace:
+        raise WindowStoreError(f"source {source!r} already has windows in {wdir}; pass replace to overwrite")
+    ids = [w["window_id"] for w in windows]
+    if len(set(ids)) != len(ids):
+        raise WindowStoreError(f"source {source!r}: duplicate window ids")
+    others = manifest[manifest["source"] != source]
+    clash = sorted(set(ids) & set(others["window_id"]))
+    if clash:
+        raise WindowStoreError(f"window ids already used by another source: {clash[:5]}")
+    frames, entries = [], []
+    for w in windows:
+        n = len(w["arrival_s"])
+        frame = pd.DataFrame({
+            "window_id": w["window_id"],
+            "request_index": np.arange(n, dtype=np.int64),
+            "arrival_s": np.asarray(w["arrival_s"], dtype=np.float64),
+            "input_tokens": np.asarray(w["input_tokens"], dtype=np.int64),
+            "output_tokens": np.asarray(w["output_tokens"], dtype=np.int64),
+            "predicted_output_tokens": np.asarray(w["predicted_output_tokens"], dtype=np.int64),
+            "source_record_id": list(w.get("source_record_id") or [""] * n),
+        })
+        # Validates (sorted arrivals, positive tokens) before anything is written.
+        make_window(w["window_id"], source, *(frame[c].to_numpy() for c in REQUEST_COLUMNS[2:6]))
+        frames.append(frame)
+        extra = {k: v for k, v in w.items() if k not in REQUEST_COLUMNS}
+        entries.append({"source": source, "window_id": w["window_id"], "n_requests": n,
+                        "sha256": rows_sha256(*(frame[c].to_numpy() for c in REQUEST_COLUMNS[2:6])),
+                        "paper_lambda_ref": extra.pop("paper_lambda_ref", np.nan), **extra})
+    table = pd.concat(frames, ignore_index=True)
+    new_manifest = pd.concat([others, pd.DataFrame(entries)], ignore_index=True)
+    new_manifest = new_manifest.sort_values(["source", "window_id"], kind="stable").reset_index(drop=True)
+    atomic_write(wdir / f"{source}.parquet", lambda p: table.to_parquet(p, index=False))
+    atomic_write(manifest_path, lambda p: new_manifest.to_csv(p, index=False))
+    return pd.DataFrame(entries)
+
+
+def import_lssp(shared_dir: Path, data_dir: Path | None = None) -> pd.DataFrame:
+    """Convert the study's frozen windows (``lssp_windows/`` CSVs) into the store.
+
+    Arrivals are taken at full precision, ``float(hp_arrival_s) * absolute_load_factor`` (the study's
+    own value; the CSV's ``arrival_s`` is the same rounded to 1 µs).
+    """
+    shared_dir = Path(shared_dir)
+    requests = pd.read_csv(shared_dir / "windows.csv", dtype={"hp_arrival_s": str, "hp_deadline_s": str})
+    meta = pd.read_csv(shared_dir / "windows_meta.csv")
+    out = []
+    for source, source_meta in meta.groupby("source", sort=True):
+        windows = []
+        for _, m in source_meta.iterrows():
+            rows = requests[requests["window_id"] == m["window_id"]].sort_values("request_index")
+            arrival = np.array([float(x) for x in rows["hp_arrival_s"]]) * float(m["absolute_load_factor"])
+            extra = m.drop(["source", "window_id"]).to_dict()
+            windows.append({"window_id": m["window_id"], "arrival_s": arrival,
+                            "input_tokens": rows["input_tokens"].to_numpy(),
+                            "output_tokens": rows["output_tokens"].to_numpy(),
+                            "predicted_output_tokens": rows["predicted_output_tokens"].to_numpy(),
+                            "source_record_id": rows["source_record_id"].tolist(), **extra})
+        out.append(write_source(source, windows, data_dir, replace=True))
+    return pd.concat(out, ignore_index=True)

@@ -1,0 +1,156 @@
+"""Workload windows: a window is a handful of numpy arrays plus metadata.
+
+A window is an independent episode of consecutive requests that starts from an empty engine at
+its own t = 0. Arrivals are in seconds at the trace's own rate (time scale 1). Compressing a window
+by a factor ``s`` (``scale``) divides every inter-arrival gap *and* every request's SLO slack by
+``s``, as the study's load calibration does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from types import MappingProxyType
+
+import numpy as np
+
+#: The study's SLO: deadline = arrival + multiplier * (PREFILL_S_PER_TOKEN * input
+#: + DECODE_S_PER_TOKEN * predicted_output).
+BASE_SLO_MULTIPLIER = 20.0
+PREFILL_S_PER_TOKEN = 0.0004
+DECODE_S_PER_TOKEN = 0.02
+#: Relative error of the synthetic output-length predictions.
+PREDICTION_RELATIVE_ERROR = 0.20
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Window:
+    """One workload window.
+
+    ``arrival_s`` starts at 0 and is non-decreasing; ``deadline_s`` is each request's SLO deadline on
+    the same clock. ``time_scale`` records the compression already applied (1.0 for a frozen window);
+    ``slo_multiplier`` the SLO definition the deadlines were built with.
+    """
+
+    window_id: str
+    source: str
+    arrival_s: np.ndarray
+    input_tokens: np.ndarray
+    output_tokens: np.ndarray
+    predicted_output_tokens: np.ndarray
+    deadline_s: np.ndarray
+    slo_multiplier: float = BASE_SLO_MULTIPLIER
+    time_scale: float = 1.0
+    meta: Mapping = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self):
+        n = len(self.arrival_s)
+        for name in ("input_tokens", "output_tokens", "predicted_output_tokens", "deadline_s"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"window {self.window_id}: {name} has {len(getattr(self, name))} "
+                                 f"entries, arrival_s has {n}")
+        for name in ("arrival_s", "input_tokens", "output_tokens", "predicted_output_tokens", "deadline_s"):
+            getattr(self, name).setflags(write=False)
+        object.__setattr__(self, "meta", MappingProxyType(dict(self.meta)))
+
+    def __repr__(self) -> str:
+        return (f"Window({self.window_id!r}, source={self.source!r}, n_requests={len(self)}, "
+                f"duration_s={self.duration_s:.6g}, time_scale={self.time_scale:.6g}, "
+                f"slo_multiplier={self.slo_multiplier:g})")
+
+    def __len__(self) -> int:
+        return len(self.arrival_s)
+
+    @property
+    def n_requests(self) -> int:
+        return len(self.arrival_s)
+
+    @property
+    def duration_s(self) -> float:
+        return float(self.arrival_s[-1] - self.arrival_s[0]) if len(self) else 0.0
+
+
+def slo_deadlines(arrival_s, input_tokens, predicted_output_tokens,
+                  multiplier: float = BASE_SLO_MULTIPLIER) -> np.ndarray:
+    """The study's SLO deadline of each request (uses the *predicted* output length)."""
+    if not multiplier > 0:
+        raise ValueError(f"SLO multiplier must be positive, got {multiplier!r}")
+    arrival_s = np.asarray(arrival_s, dtype=np.float64)
+    budget = multiplier * (PREFILL_S_PER_TOKEN * np.asarray(input_tokens, dtype=np.float64)
+                           + DECODE_S_PER_TOKEN * np.asarray(predicted_output_tokens, dtype=np.float64))
+    return arrival_s + budget
+
+
+def make_window(window_id: str, source: str, arrival_s, input_tokens, output_tokens,
+                predicted_output_tokens=None, *, slo_multiplier: float = BASE_SLO_MULTIPLIER,
+                prediction_seed: int | None = None, meta: Mapping | None = None) -> Window:
+    """Build a window from raw columns: validate, rebase arrivals to 0, add deadlines.
+
+    Predicted lengths are synthesised (``synthesize_predictions``) when not given; that needs
+    ``prediction_seed``.
+    """
+    arrival_s = np.asarray(arrival_s, dtype=np.float64)
+    input_tokens = np.asarray(input_tokens, dtype=np.int64)
+    output_tokens = np.asarray(output_tokens, dtype=np.int64)
+    if len(arrival_s) == 0:
+        raise ValueError(f"window {window_id}: no requests")
+    if not np.all(np.isfinite(arrival_s)):
+        raise ValueError(f"window {window_id}: non-finite arrival time")
+    if np.any(np.diff(arrival_s) < 0):
+        raise ValueError(f"window {window_id}: arrivals are not sorted")
+    if np.any(input_tokens <= 0) or np.any(output_tokens <= 0):
+        raise ValueError(f"window {window_id}: token counts must be positive")
+    if predicted_output_tokens is None:
+        if prediction_seed is None:
+            raise ValueError(f"window {window_id}: no predicted output lengths and no prediction_seed")
+        predicted_output_tokens = synthesize_predictions(output_tokens, seed=prediction_seed)
+    predicted_output_tokens = np.asarray(predicted_output_tokens, dtype=np.int64)
+    arrival_s = arrival_s - arrival_s[0]
+    deadline_s = slo_deadlines(arrival_s, input_tokens, predicted_output_tokens, slo_multiplier)
+    return Window(window_id, source, arrival_s, input_tokens, output_tokens, predicted_output_tokens,
+                  deadline_s, slo_multiplier=float(slo_multiplier), meta=meta or {})
+
+
+def with_slo(window: Window, multiplier: float) -> Window:
+    """The same window with deadlines rebuilt for another SLO multiplier (at its current scale)."""
+    if window.time_scale != 1.0:
+        # Deadlines at scale s are arrival + budget / s; rebuild at scale 1 and rescale.
+        raise ValueError("with_slo() expects an unscaled window: apply scale() afterwards")
+    deadline_s = slo_deadlines(window.arrival_s, window.input_tokens, window.predicted_output_tokens,
+                               multiplier)
+    return dataclasses.replace(window, deadline_s=deadline_s, slo_multiplier=float(multiplier))
+
+
+def scale(window: Window, factor: float) -> Window:
+    """Compress a window's time by ``factor``: gaps and SLO slack are both divided by it.
+
+    The scaled arrivals accumulate the scaled gaps one by one from 0 (as the study's helper does),
+    and each scaled deadline is the scaled arrival plus the request's slack divided by ``factor``.
+    """
+    factor = float(factor)
+    if not (np.isfinite(factor) and factor > 0):
+        raise ValueError(f"scale factor must be a positive finite number, got {factor!r}")
+    gaps = np.maximum(np.diff(window.arrival_s), 0.0) / factor
+    arrival_s = np.empty_like(window.arrival_s)
+    arrival_s[0] = 0.0
+    np.cumsum(gaps, out=arrival_s[1:])
+    slack = np.maximum(window.deadline_s - window.arrival_s, 0.0)
+    deadline_s = arrival_s + slack / factor
+    return dataclasses.replace(window, arrival_s=arrival_s, deadline_s=deadline_s,
+                               time_scale=window.time_scale * factor)
+
+
+def synthesize_predictions(output_tokens, *, seed: int,
+                           relative_error: float = PREDICTION_RELATIVE_ERROR) -> np.ndarray:
+    """Seeded synthetic output-length predictions: true length times log-normal noise.
+
+    The noise is exp(N(0, σ²)) with σ chosen so that its standard deviation relative to its mean is
+    ``relative_error`` (σ² = ln(1 + e²)); predictions are rounded and at least 1 token.
+    """
+    if relative_error < 0:
+        raise ValueError(f"relative_error must be >= 0, got {relative_error!r}")
+    output_tokens = np.asarray(output_tokens, dtype=np.float64)
+    sigma = np.sqrt(np.log1p(relative_error ** 2))
+    rng = np.random.default_rng(seed)
+    noise = np.exp(rng.normal(0.0, sigma, size=output_tokens.shape))
+    return np.maximum(1, np.rint(output_tokens * noise)).astype(np.int64)
