@@ -1,0 +1,56 @@
+"""The scheduling policies, one module each, registered by their study id.
+
+A new policy is one module in this package that defines a :class:`portbench.sim.Policy` subclass
+decorated with :func:`register`; it is found automatically.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from ..sim import Policy
+
+_REGISTRY: dict[str, type[Policy]] = {}
+
+#: The study's primary panel (55 pairs) and its robustness-only additions.
+PRIMARY_PANEL = (
+    "fifo", "edf", "least_laxity_first", "estimated_service_time_first", "weighted_fair_share",
+    "kv_constrained_online", "admission_control", "vllm_faithful", "vllm_chunked_prefill_faithful",
+    "sarathi_faithful", "slai_faithful",
+)
+ROBUSTNESS_PANEL = ("vllm_style_token_budget", "scorpio_style_slo_guard")
+STUDY_POLICIES = PRIMARY_PANEL + ROBUSTNESS_PANEL
+
+
+def register(cls: type[Policy]) -> type[Policy]:
+    """Class decorator: make a policy available by its ``name``."""
+    if not cls.name:
+        raise ValueError(f"{cls.__qualname__} has no name")
+    if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
+        raise ValueError(f"policy name {cls.name!r} registered twice")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def _load_all() -> None:
+    for info in pkgutil.iter_modules(__path__):
+        if not info.name.startswith("_"):
+            importlib.import_module(f"{__name__}.{info.name}")
+
+
+def available() -> list[str]:
+    """Registered policy names, study panel first."""
+    _load_all()
+    rest = sorted(set(_REGISTRY) - set(STUDY_POLICIES))
+    return [p for p in STUDY_POLICIES if p in _REGISTRY] + rest
+
+
+def make_policy(name: str, **params) -> Policy:
+    """A fresh instance of the policy registered as ``name``."""
+    _load_all()
+    try:
+        cls = _REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"unknown policy {name!r}; known policies: {', '.join(available())}") from None
+    return cls(**params)
