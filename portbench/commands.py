@@ -1,7 +1,105 @@
-"""Sub-commands of the simulator, campaign and analysis (registered on the main parser)."""
+"""Sub-commands of the simulator and campaign (registered on the main ``portbench`` parser)."""
 
 from __future__ import annotations
+
+import argparse
+
+
+def _campaign(args) -> int:
+    from . import store
+    from .campaign import CampaignConfig, run_campaign
+    from .policies import STUDY_POLICIES
+    from .regions import REGIONS
+
+    window_ids = args.windows
+    if args.source:
+        ids = store.list_windows(args.data_dir, args.source)["window_id"].tolist()
+        window_ids = [w for w in (window_ids or ids) if w in set(ids)]
+    if args.limit_windows:
+        manifest = store.list_windows(args.data_dir)
+        manifest = manifest[manifest["window_id"].isin(window_ids)] if window_ids else manifest
+        window_ids = (manifest.groupby("source", sort=True).head(args.limit_windows)["window_id"].tolist())
+    config = CampaignConfig(
+        engine_model=args.engine_model,
+        policies=tuple(args.policies or STUDY_POLICIES),
+        regions=tuple(args.regions or REGIONS),
+        slo_multipliers=tuple(args.slo_multipliers or (20.0,)),
+        window_ids=tuple(window_ids) if window_ids else None)
+    summary = run_campaign(config, data_dir=args.data_dir, executor=args.executor,
+                           workers=args.workers, address=args.address, progress=not args.quiet,
+                           output=args.output)
+    print(summary.line())
+    return 0
+
+
+def _calibrate(args) -> int:
+    import pandas as pd
+    from tqdm.auto import tqdm
+
+    from . import store
+    from .campaign import engine_model
+    from .regions import find_lambda_ref
+
+    windows = store.load_windows(args.data_dir, args.source, args.windows)
+    model = engine_model(args.engine_model)
+    rows = []
+    for w in tqdm(windows, desc="λ_ref", unit="window", disable=args.quiet):
+        cal = find_lambda_ref(w, model=model)
+        paper = w.meta.get("paper_lambda_ref", float("nan"))
+        rows.append({"window_id": w.window_id, "lambda_ref": cal.lambda_ref, "pinned": cal.pinned or "",
+                     "paper_lambda_ref": paper, "relative_difference": abs(cal.lambda_ref / paper - 1)})
+    frame = pd.DataFrame(rows)
+    with pd.option_context("display.max_rows", None, "display.width", 200):
+        print(frame.to_string(index=False))
+    print(f"\nmax relative difference to the study's λ_ref: {frame['relative_difference'].max():.3g}")
+    return 0
+
+
+def _policies(args) -> int:
+    from .policies import PRIMARY_PANEL, available, make_policy
+    for name in available():
+        doc = (type(make_policy(name)).__module__)
+        import importlib
+        summary = (importlib.import_module(doc).__doc__ or "").strip().splitlines()[0]
+        panel = "primary" if name in PRIMARY_PANEL else "robustness" if name in (
+            "vllm_style_token_budget", "scorpio_style_slo_guard") else "extra"
+        print(f"{name:32s} {panel:10s} {summary}")
+    return 0
 
 
 def register(sub) -> None:
     """Add the simulator's sub-commands to the ``portbench`` parser."""
+    p = sub.add_parser(
+        "campaign", help="simulate every (window, region, policy) cell -> data/results/",
+        description="Calibrate each window's λ_ref (FIFO's 0.5%% SLO-violation knee), then simulate every "
+                    "(window, operating region, policy) cell and write one tidy row per cell to "
+                    "data/results/campaign_<engine>.parquet (and the λ_ref comparison to "
+                    "lambda_ref_<engine>.csv). Finished windows are cached in data/results/cache/, so a "
+                    "rerun reuses them and a killed run resumes.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--engine-model", default="lssp", help="engine model")
+    p.add_argument("--policies", nargs="+", help="policy ids (default: the study's 13)")
+    p.add_argument("--regions", nargs="+", help="operating regions (default: all six)")
+    p.add_argument("--slo-multipliers", nargs="+", type=float, help="SLO multipliers (default: 20)")
+    p.add_argument("--windows", nargs="+", help="window ids (default: all)")
+    p.add_argument("--source", help="only the windows of this source")
+    p.add_argument("--limit-windows", type=int, help="at most this many windows per source (quick runs)")
+    p.add_argument("--executor", choices=["local", "dask"], default="local",
+                   help="local processes, or a Dask cluster")
+    p.add_argument("--address", help="Dask scheduler address (default: start a LocalCluster)")
+    p.add_argument("--workers", type=int, help="worker processes (default: all cores)")
+    p.add_argument("--output", help="write the table here instead of data/results/")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_campaign)
+
+    p = sub.add_parser("calibrate", help="find each window's λ_ref and compare with the study's",
+                       description="Bisection on FIFO's SLO-violation knee, per window, printed beside "
+                                   "the study's own λ_ref.")
+    p.add_argument("--engine-model", default="lssp")
+    p.add_argument("--source", help="only this source")
+    p.add_argument("--windows", nargs="+", help="window ids")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=_calibrate)
+
+    p = sub.add_parser("policies", help="list the registered scheduling policies")
+    p.set_defaults(func=_policies)

@@ -1,10 +1,77 @@
-"""Per-run metrics (placeholder: SLO violation rate for calibration)."""
+"""The study's 11 per-cell metrics.
+
+Populations: ANWG, completion fraction and weighted completion count all arrivals and are always
+defined. The rest are over completed requests and undefined (NaN, never imputed) when nothing
+completed; TTFT additionally needs a completed request with a first-token time. Times are in the
+cell's (compressed) seconds. Percentiles are numpy's default (linear interpolation). Throughputs
+divide by the run's span: from t = 0 to the start of the last executed step.
+"""
+
+from __future__ import annotations
+
+import math
 
 import numpy as np
 
+#: metric -> True when higher is better. ANWG is the primary metric.
+METRICS = {
+    "anwg": True,
+    "completion_fraction": True,
+    "weighted_completion": True,
+    "slo_violation_rate": False,
+    "weighted_goodput": True,
+    "mean_latency_s": False,
+    "p95_latency_s": False,
+    "mean_ttft_s": False,
+    "p95_ttft_s": False,
+    "request_throughput": True,
+    "token_throughput": True,
+}
+PRIMARY_METRIC = "anwg"
+ALWAYS_DEFINED = ("anwg", "completion_fraction", "weighted_completion")
+
+
+def cell_metrics(result) -> dict:
+    """All 11 metrics of one run (a :class:`portbench.sim.RunResult`); NaN where undefined."""
+    n = len(result.arrival_s)
+    weight = np.where(result.priority > 0, result.priority, 1.0)
+    done = result.completed
+    n_done = int(done.sum())
+    finish = result.finish_s[done]
+    met = finish <= result.deadline_s[done]
+    w_all = float(weight.sum())
+    w_done = weight[done]
+    out = {
+        "anwg": float(w_done[met].sum()) / w_all if w_all > 0 else 0.0,
+        "completion_fraction": n_done / n if n else math.nan,
+        "weighted_completion": float(w_done.sum()) / w_all if w_all > 0 else 0.0,
+    }
+    nan = math.nan
+    if n_done:
+        latency = finish - result.arrival_s[done]
+        span = result.duration_s
+        out.update({
+            "slo_violation_rate": float((~met).sum()) / n_done,
+            "weighted_goodput": float(w_done[met].sum()) / float(w_done.sum()),
+            "mean_latency_s": float(latency.mean()),
+            "p95_latency_s": float(np.percentile(latency, 95)),
+            "request_throughput": n_done / span if span > 0 else nan,
+            "token_throughput": float(result.output_tokens[done].sum()) / span if span > 0 else nan,
+        })
+        first = result.first_token_s[done]
+        has_first = ~np.isnan(first)
+        if has_first.any():
+            ttft = first[has_first] - result.arrival_s[done][has_first]
+            out["mean_ttft_s"] = float(ttft.mean())
+            out["p95_ttft_s"] = float(np.percentile(ttft, 95))
+    return {m: out.get(m, nan) for m in METRICS}
+
 
 def slo_violation_rate(result) -> float:
-    """Violated ÷ completed, where violated = completed strictly after its deadline; 1.0 if none completed."""
+    """Violated ÷ completed (violated: finished strictly after the deadline); 1.0 if none completed.
+
+    The calibration's rule: a run with no completion counts as all-violating.
+    """
     done = result.completed
     n = int(done.sum())
     if n == 0:

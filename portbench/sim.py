@@ -125,7 +125,8 @@ class RunResult:
     admit_s: np.ndarray
     first_token_s: np.ndarray
     finish_s: np.ndarray
-    n_steps: int
+    duration_s: float               # start of the last executed step, from t = 0 (the study's span)
+    n_steps: int                    # steps up to and including the last executed one
     n_preemptions: int
 
     @property
@@ -239,9 +240,11 @@ class _Engine:
             self.n_preemptions += 1
         if not d.admit:
             return
-        waiting = set(self.waiting)
+        waiting = set(self.waiting) - set(d.preempt)   # a request evicted now is not re-admitted now
         admitted = []
         for i in d.admit:
+            if i in d.preempt:
+                continue
             if i not in waiting:
                 raise RuntimeError(f"policy {self.policy.name!r} admitted request {i}, which is not waiting")
             # The engine's hard limits, re-checked in order (earlier admissions count at once).
@@ -252,6 +255,7 @@ class _Engine:
                 self._kv_running += self.inp[i] + self.decoded[i]
                 self.admit_step[i] = self.step
                 admitted.append(i)
+                waiting.discard(i)
         if admitted:
             gone = set(admitted)
             self.waiting = [i for i in self.waiting if i not in gone]
@@ -287,7 +291,8 @@ class _Engine:
         return RunResult(window.window_id, self.policy.name, self.model.name, window.arrival_s,
                          window.deadline_s, window.input_tokens, window.output_tokens, self.priority,
                          admit_s=stamp(self.admit_step, 0), first_token_s=stamp(self.first_step, 1),
-                         finish_s=stamp(self.finish_step, 1), n_steps=self.step,
+                         finish_s=stamp(self.finish_step, 1),
+                         duration_s=(self.step - 1) * dt if self.n else 0.0, n_steps=self.step,
                          n_preemptions=self.n_preemptions)
 
 

@@ -1,0 +1,321 @@
+"""The campaign: every (window, region, policy) cell simulated, one tidy row per cell.
+
+Work is split by window: one task calibrates a window's λ_ref (FIFO knee) and then runs all its
+cells. Each finished task is written to a shard in the cache folder, atomically, under a content
+hash of (window rows, engine config, policies, SLO multiplier, code fingerprint), so a campaign that
+is killed resumes where it stopped and a rerun reuses everything. Tasks run in-process, on local
+processes, or on a Dask cluster; a cell's result does not depend on where it ran.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import dataclasses
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from . import sim, store
+from .metrics import METRICS, cell_metrics
+from .policies import STUDY_POLICIES, make_policy
+from .regions import REGIONS, find_lambda_ref
+from .workload import BASE_SLO_MULTIPLIER, Window, scale, with_slo
+
+#: Engine models by name (the campaign's ``engine_model`` parameter).
+ENGINE_MODELS = {"lssp": sim.LsspModel}
+
+#: Modules whose source decides a cell's numbers; their hash is part of every cache key.
+_RESULT_MODULES = ("sim.py", "workload.py", "metrics.py", "regions.py", "policies")
+
+IDENTITY_COLUMNS = ["source", "window_id", "region", "region_factor", "lambda_ref", "load_factor",
+                    "policy", "slo_multiplier", "engine_model"]
+DIAGNOSTIC_COLUMNS = ["n_completed", "n_dropped", "n_unfinished", "n_preemptions", "n_steps"]
+RESULT_COLUMNS = IDENTITY_COLUMNS + list(METRICS) + DIAGNOSTIC_COLUMNS + ["cell_key"]
+
+
+def engine_model(name: str):
+    try:
+        return ENGINE_MODELS[name]()
+    except KeyError:
+        raise KeyError(f"unknown engine model {name!r}; known: {', '.join(ENGINE_MODELS)}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class CampaignConfig:
+    """What to simulate. ``window_ids=None`` means every window in the store."""
+
+    engine_model: str = "lssp"
+    policies: tuple = STUDY_POLICIES
+    regions: tuple = tuple(REGIONS)
+    slo_multipliers: tuple = (BASE_SLO_MULTIPLIER,)
+    window_ids: tuple | None = None
+    calibration_policy: str = "fifo"
+
+    def __post_init__(self):
+        engine_model(self.engine_model)
+        for p in self.policies:
+            make_policy(p)
+        for r in self.regions:
+            if r not in REGIONS:
+                raise KeyError(f"unknown region {r!r}; regions: {', '.join(REGIONS)}")
+        for m in self.slo_multipliers:
+            if not float(m) > 0:
+                raise ValueError(f"SLO multiplier must be positive, got {m!r}")
+        if not self.policies or not self.regions or not self.slo_multipliers:
+            raise ValueError("a campaign needs at least one policy, region and SLO multiplier")
+
+
+def code_fingerprint() -> str:
+    """sha256 over the source of the modules that decide results."""
+    root = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for name in _RESULT_MODULES:
+        path = root / name
+        files = sorted(path.rglob("*.py")) if path.is_dir() else [path]
+        for f in files:
+            h.update(f.relative_to(root).as_posix().encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def shard_key(window: Window, config: CampaignConfig, slo_multiplier: float, fingerprint: str) -> str:
+    model = engine_model(config.engine_model)
+    payload = {
+        "window_sha256": store.rows_sha256(window.arrival_s, window.input_tokens, window.output_tokens,
+                                           window.predicted_output_tokens),
+        "engine": [config.engine_model, dataclasses.asdict(model)],
+        "calibration_policy": config.calibration_policy,
+        "slo_multiplier": float(slo_multiplier),
+        "code": fingerprint,
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def cell_key(shard: str, region: str, policy: str) -> str:
+    return hashlib.sha256(f"{shard}|{region}|{policy}".encode()).hexdigest()[:24]
+
+
+def run_window(window: Window, config: CampaignConfig, slo_multiplier: float, fingerprint: str,
+               cells: list[tuple[str, str]] | None = None) -> pd.DataFrame:
+    """Calibrate one window and simulate its (region, policy) cells; one row per cell.
+
+    λ_ref is always found under the base SLO (the study keeps the primary load factors for its SLO
+    variants); the cells then run with deadlines for ``slo_multiplier``.
+    """
+    model = engine_model(config.engine_model)
+    key = shard_key(window, config, slo_multiplier, fingerprint)
+    calibration = find_lambda_ref(window, policy=config.calibration_policy, model=model)
+    lam = calibration.lambda_ref
+    variant = window if slo_multiplier == window.slo_multiplier else with_slo(window, slo_multiplier)
+    if cells is None:
+        cells = [(r, p) for r in config.regions for p in config.policies]
+    rows = []
+    scaled = {}
+    for region, policy in cells:
+        factor = REGIONS[region]
+        if region not in scaled:
+            scaled[region] = scale(variant, factor * lam)
+        result = sim.simulate(scaled[region], make_policy(policy), model)
+        n_done = int(result.completed.sum())
+        n_never = int(np.isnan(result.admit_s).sum())
+        rows.append({
+            "source": window.source, "window_id": window.window_id, "region": region,
+            "region_factor": factor, "lambda_ref": lam, "load_factor": factor * lam,
+            "policy": policy, "slo_multiplier": float(slo_multiplier),
+            "engine_model": config.engine_model,
+            **cell_metrics(result),
+            "n_completed": n_done, "n_dropped": n_never, "n_unfinished": len(window) - n_done - n_never,
+            "n_preemptions": result.n_preemptions, "n_steps": result.n_steps,
+            "cell_key": cell_key(key, region, policy),
+        })
+    frame = pd.DataFrame(rows, columns=RESULT_COLUMNS)
+    frame.attrs["calibration"] = dataclasses.asdict(calibration)
+    return frame
+
+
+# ---------------------------------------------------------------------------------------------
+# Orchestration
+
+def results_dir(data_dir: Path | None = None) -> Path:
+    return Path(data_dir or store.default_data_dir()) / "results"
+
+
+def results_path(engine: str, data_dir: Path | None = None) -> Path:
+    return results_dir(data_dir) / f"campaign_{engine}.parquet"
+
+
+def cache_dir(engine: str, data_dir: Path | None = None) -> Path:
+    return results_dir(data_dir) / "cache" / engine
+
+
+@dataclasses.dataclass
+class CampaignSummary:
+    n_cells: int
+    n_cells_computed: int
+    n_cells_reused: int
+    n_windows: int
+    wall_s: float
+    path: Path
+    table: pd.DataFrame
+
+    def line(self) -> str:
+        rate = self.n_cells_computed / self.wall_s if self.wall_s > 0 else float("nan")
+        return (f"{self.n_cells} cells over {self.n_windows} windows: {self.n_cells_computed} simulated, "
+                f"{self.n_cells_reused} reused from the cache, in {self.wall_s:.1f} s "
+                f"({rate:.0f} cells/s) -> {self.path}")
+
+
+def _task(window, config, slo, fingerprint, cells):
+    """Top-level (picklable) task for process pools and Dask."""
+    frame = run_window(window, config, slo, fingerprint, cells)
+    return window.window_id, slo, frame, frame.attrs["calibration"]
+
+
+def _shard_path(cdir: Path, window: Window, key: str) -> Path:
+    return cdir / f"{window.window_id}-{key[:16]}.parquet"
+
+
+def _read_shard(path: Path) -> pd.DataFrame | None:
+    if not path.exists():
+        return None
+    try:
+        return pd.read_parquet(path)
+    except Exception:            # a foreign or damaged file: recompute rather than trust it
+        return None
+
+
+def run_campaign(config: CampaignConfig | None = None, *, data_dir: Path | None = None,
+                 executor: str = "local", workers: int | None = None, address: str | None = None,
+                 progress: bool = True, output: Path | None = None) -> CampaignSummary:
+    """Run (or resume) a campaign and write its table to ``data/results/campaign_<engine>.parquet``.
+
+    ``executor``: ``"local"`` (processes; ``workers=1`` runs in this process) or ``"dask"``
+    (``address`` of a scheduler, or a ``LocalCluster`` with ``workers`` processes when omitted).
+    """
+    from tqdm.auto import tqdm
+
+    config = config or CampaignConfig()
+    t0 = time.perf_counter()
+    windows = store.load_windows(data_dir, window_ids=config.window_ids)
+    fingerprint = code_fingerprint()
+    cdir = cache_dir(config.engine_model, data_dir)
+    wanted = [(r, p) for r in config.regions for p in config.policies]
+    done: dict[tuple[str, float], pd.DataFrame] = {}
+    todo = []
+    for slo in config.slo_multipliers:
+        for w in windows:
+            key = shard_key(w, config, slo, fingerprint)
+            shard = _read_shard(_shard_path(cdir, w, key))
+            have = set() if shard is None else set(zip(shard["region"], shard["policy"]))
+            missing = [c for c in wanted if c not in have]
+            if shard is not None:
+                done[(w.window_id, slo)] = shard
+            if missing:
+                todo.append((w, slo, key, missing))
+    n_reused = sum(len(f) for f in done.values())
+    n_new_cells = sum(len(t[3]) for t in todo)
+
+    def store_result(window_id, slo, frame, key, window):
+        old = done.get((window_id, slo))
+        merged = frame if old is None else pd.concat([old, frame], ignore_index=True)
+        merged = merged.drop_duplicates(["region", "policy"], keep="last")
+        store.atomic_write(_shard_path(cdir, window, key),
+                           lambda p: merged.to_parquet(p, index=False))
+        done[(window_id, slo)] = merged
+
+    bar = tqdm(total=n_new_cells, unit="cell", desc=f"campaign [{config.engine_model}]",
+               disable=not progress or not todo, smoothing=0.05)
+    try:
+        for window, slo, frame, key in _execute(todo, config, fingerprint, executor, workers, address):
+            store_result(window.window_id, slo, frame, key, window)
+            bar.update(len(frame))
+    finally:
+        bar.close()
+
+    table = assemble(done.values(), config)
+    path = Path(output) if output else results_path(config.engine_model, data_dir)
+    store.atomic_write(path, lambda p: table.to_parquet(p, index=False))
+    write_lambda_table(table, windows, path.parent / f"lambda_ref_{config.engine_model}.csv")
+    return CampaignSummary(len(table), n_new_cells, n_reused, len(windows),
+                           time.perf_counter() - t0, path, table)
+
+
+def _execute(todo, config, fingerprint, executor, workers, address):
+    """Yield (window, slo, frame, shard key) as tasks finish, in completion order."""
+    if not todo:
+        return
+    by_id = {(w.window_id, slo): (w, key) for w, slo, key, _ in todo}
+    args = [(w, config, slo, fingerprint, cells) for w, slo, _, cells in todo]
+    if executor == "local":
+        workers = workers or os.cpu_count() or 1
+        if workers == 1:
+            for a in args:
+                wid, slo, frame, _ = _task(*a)
+                yield (*by_id[(wid, slo)][:1], slo, frame, by_id[(wid, slo)][1])
+            return
+        with cf.ProcessPoolExecutor(max_workers=workers) as pool:
+            futures = [pool.submit(_task, *a) for a in args]
+            for fut in cf.as_completed(futures):
+                wid, slo, frame, _ = fut.result()
+                w, key = by_id[(wid, slo)]
+                yield w, slo, frame, key
+    elif executor == "dask":
+        from distributed import Client, LocalCluster, as_completed
+        cluster = None
+        if address is None:
+            cluster = LocalCluster(n_workers=workers or os.cpu_count() or 1, threads_per_worker=1,
+                                   processes=True, dashboard_address=None)
+        client = Client(address or cluster)
+        try:
+            futures = [client.submit(_task, *a, pure=False) for a in args]
+            for fut in as_completed(futures):
+                wid, slo, frame, _ = fut.result()
+                w, key = by_id[(wid, slo)]
+                yield w, slo, frame, key
+        finally:
+            client.close()
+            if cluster is not None:
+                cluster.close()
+    else:
+        raise ValueError(f"unknown executor {executor!r}: use 'local' or 'dask'")
+
+
+def assemble(frames, config: CampaignConfig) -> pd.DataFrame:
+    """One table of the requested cells in a fixed order (source, window, SLO, region, policy)."""
+    table = pd.concat(list(frames), ignore_index=True) if frames else pd.DataFrame(columns=RESULT_COLUMNS)
+    table = table[table["region"].isin(config.regions) & table["policy"].isin(config.policies)]
+    region_rank = {r: k for k, r in enumerate(REGIONS)}
+    policy_rank = {p: k for k, p in enumerate(config.policies)}
+    table = table.assign(_r=table["region"].map(region_rank), _p=table["policy"].map(policy_rank))
+    table = table.sort_values(["source", "window_id", "slo_multiplier", "_r", "_p"], kind="stable")
+    return table.drop(columns=["_r", "_p"]).reset_index(drop=True)[RESULT_COLUMNS]
+
+
+def write_lambda_table(table: pd.DataFrame, windows, path: Path) -> pd.DataFrame:
+    """window_id, source, lambda_ref, paper_lambda_ref, relative difference."""
+    lam = table.groupby("window_id", sort=False)["lambda_ref"].first()
+    rows = []
+    for w in windows:
+        if w.window_id not in lam.index:
+            continue
+        paper = w.meta.get("paper_lambda_ref", np.nan)
+        ours = float(lam[w.window_id])
+        rows.append({"window_id": w.window_id, "source": w.source, "lambda_ref": ours,
+                     "paper_lambda_ref": paper, "relative_difference": abs(ours / paper - 1)
+                     if paper == paper else np.nan})
+    frame = pd.DataFrame(rows)
+    store.atomic_write(path, lambda p: frame.to_csv(p, index=False, float_format="%.17g"))
+    return frame
+
+
+def load_results(engine: str = "lssp", data_dir: Path | None = None) -> pd.DataFrame:
+    """The campaign table written by :func:`run_campaign` (run ``portbench campaign`` first)."""
+    path = results_path(engine, data_dir)
+    if not path.exists():
+        raise FileNotFoundError(f"no campaign results at {path}: run `portbench campaign` first")
+    return pd.read_parquet(path)

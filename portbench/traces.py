@@ -1,0 +1,599 @@
+"""Raw-trace readers and the study's window-cutting rule.
+
+The three raw formats of the study (BurstGPT, Azure LLM inference 2023/2024, Alibaba Bailian/Qwen)
+plus any CSV with a column mapping are read into one normalised frame:
+
+==================  ===========================================================================
+``arrival_s``       float seconds since the first *valid* row (non-decreasing)
+``input_tokens``    int64, > 0
+``output_tokens``   int64, > 0
+``source_record_id``  ``"<file name>:<valid-row index>"`` (0-based among valid rows, as the study)
+==================  ===========================================================================
+
+Readers validate everything and raise :class:`TraceFormatError` naming the file, the row and the
+field. Row numbers count as a user reads the file: in a CSV the header is row 0 and the first data
+row is row 1; in JSONL row ``n`` is line ``n``. Lines with no values at all are skipped (they keep
+their number, so later rows still match the file). Readers never write anything.
+
+Duplicate rows (decision):
+
+* BurstGPT and generic CSV: no duplicate check. BurstGPT timestamps are whole seconds, so equal
+  timestamps, and even equal (timestamp, tokens) rows, are ordinary traffic.
+* Azure: a row whose TIMESTAMP (compared at full parsed precision, 100 ns in the raw files),
+  ContextTokens and GeneratedTokens all equal an earlier row's is an error. At 100 ns resolution two
+  distinct requests practically never coincide, so such a row is a copy (e.g. a file concatenated
+  twice).
+* Bailian: ``chat_id`` identifies a request, so a reused ``chat_id`` is an error. Equal
+  (timestamp, tokens) with distinct ids is legitimate. A file without a ``chat_id`` column falls back
+  to the Azure rule (timestamp + input + output).
+* ``allow_duplicates=True`` on :func:`read_azure` / :func:`read_bailian` keeps such rows instead.
+
+Window cutting (:func:`cut_windows`) follows the study's stride sampler; see
+:func:`stride_window_starts` for the exact rule.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from . import store
+from .workload import synthesize_predictions
+
+#: Columns of a normalised trace frame, in order.
+TRACE_COLUMNS = ["arrival_s", "input_tokens", "output_tokens", "source_record_id"]
+#: The study's synthesis seeds are ``900000 + window index`` (see lssp_windows/windows_meta.csv).
+PREDICTION_SEED_BASE = 900_000
+#: Rows per pandas chunk: bounds memory on the 27M-row Azure file.
+_CHUNK_ROWS = 1_000_000
+_TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
+_NAN_WORDS = {"nan", "na", "n/a", "null", "none"}
+_SOURCE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+class TraceFormatError(ValueError):
+    """A raw trace file is malformed. ``row`` is 1-based (header = 0) or None; ``field`` a column or None."""
+
+    def __init__(self, path, row: int | None, field: str | None, what: str):
+        self.path = str(path)
+        self.row = row
+        self.field = field
+        self.what = what
+        where = [self.path]
+        if row is not None:
+            where.append(f"row {row}")
+        if field is not None:
+            where.append(f"field '{field}'")
+        # "{path}: row {row}, field '{field}': {what}", leaving out the parts that are None.
+        head = where[0] + (": " + ", ".join(where[1:]) if len(where) > 1 else "")
+        super().__init__(f"{head}: {what}")
+
+
+@dataclasses.dataclass
+class ReadReport:
+    """What a reader saw: rows seen (non-blank data rows), rows kept, rows dropped by reason."""
+
+    path: str
+    fmt: str
+    rows_seen: int = 0
+    rows_valid: int = 0
+    dropped: dict[str, int] = dataclasses.field(default_factory=dict)
+    #: The first valid row's timestamp in the file's own clock (epoch seconds for Azure), to which
+    #: ``arrival_s`` is relative.
+    origin_s: float | None = None
+
+    @property
+    def rows_dropped(self) -> int:
+        return sum(self.dropped.values())
+
+    def to_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "rows_dropped": self.rows_dropped}
+
+
+# --------------------------------------------------------------------------------------------
+# Cell conversion. Every converter works on a chunk of text cells plus their file row numbers and
+# returns values plus the first problem found as (row, field, message), or None.
+
+Problem = tuple[int, str, str]
+
+
+def _first(mask: np.ndarray, rows: np.ndarray, field: str, what) -> Problem | None:
+    """The first row where ``mask`` holds, described by ``what(i)`` (i = position in the chunk)."""
+    hits = np.flatnonzero(mask)
+    if hits.size == 0:
+        return None
+    i = int(hits[0])
+    return int(rows[i]), field, what(i)
+
+
+def _earliest(problems: Iterable[Problem | None]) -> Problem | None:
+    found = [p for p in problems if p is not None]
+    return min(found, key=lambda p: p[0]) if found else None
+
+
+def _to_numbers(text: pd.Series, rows: np.ndarray, field: str) -> tuple[np.ndarray, Problem | None]:
+    """Parse cells as finite numbers (int64 when all are integers, else float64)."""
+    text = text.str.strip()
+    values = pd.to_numeric(text, errors="coerce")
+    bad = values.isna().to_numpy()
+    if bad.any():
+        raw = text.to_numpy(dtype=object)
+
+        def what(i):
+            cell = raw[i]
+            if cell == "":
+                return "empty value"
+            if cell.lower() in _NAN_WORDS:
+                return f"NaN value {cell!r}"
+            return f"not a number: {cell!r}"
+        return np.zeros(len(text)), _first(bad, rows, field, what)
+    arr = values.to_numpy()
+    if arr.dtype.kind == "f":
+        infinite = ~np.isfinite(arr)
+        if infinite.any():
+            return arr, _first(infinite, rows, field, lambda i: f"not a finite number: {arr[i]!r}")
+    return arr, None
+
+
+def _to_tokens(text: pd.Series, rows: np.ndarray, field: str, *,
+               allow_zero: bool = False) -> tuple[np.ndarray, Problem | None]:
+    """Parse cells as token counts: integers, > 0 (>= 0 with ``allow_zero``)."""
+    values, problem = _to_numbers(text, rows, field)
+    if problem:
+        return values, problem
+    if values.dtype.kind == "f":
+        fractional = values != np.floor(values)
+        problem = _first(fractional, rows, field, lambda i: f"token count is not an integer: {values[i]!r}")
+        if problem:
+            return values, problem
+    values = values.astype(np.int64)
+    problem = _earliest([
+        _first(values < 0, rows, field, lambda i: f"negative token count {values[i]}"),
+        None if allow_zero else _first(values == 0, rows, field, lambda i: "zero token count"),
+    ])
+    return values, problem
+
+
+def _to_epoch_ns(text: pd.Series, rows: np.ndarray, field: str) -> tuple[np.ndarray, Problem | None]:
+    """Parse ISO-like date-times (any number of fractional digits, optional zone) to UTC epoch ns.
+
+    Naive times are taken as UTC (the Azure traces are UTC); ``Z``, ``UTC`` and ``±hh:mm`` suffixes
+    are honoured. Integer nanoseconds keep the raw files' 100 ns resolution exactly.
+    """
+    text = text.str.strip()
+    # pandas' ISO8601 parser knows "Z" and offsets but not a trailing " UTC"/"GMT" word.
+    norm = text.str.replace(r"\s*(?:UTC|GMT)$", "+00:00", regex=True, case=False)
+    stamps = pd.to_datetime(norm, format="ISO8601", utc=True, errors="coerce")
+    bad = stamps.isna().to_numpy()
+    if bad.any():
+        raw = text.to_numpy(dtype=object)
+        problem = _first(bad, rows, field, lambda i: "empty value" if raw[i] == "" else
+                         f"not a date-time: {raw[i]!r}")
+        return np.zeros(len(text), dtype=np.int64), problem
+    return stamps.astype("datetime64[ns, UTC]").array.asi8.copy(), None
+
+
+# --------------------------------------------------------------------------------------------
+# Row sources: CSV (chunked, via pandas) and JSON lines. Both yield (text frame, file row numbers).
+
+_DELIMITERS = {";": "semicolon", "\t": "tab", "|": "pipe"}
+
+
+def _csv_chunks(path: Path, required: Sequence[str]) -> Iterator[tuple[pd.DataFrame, np.ndarray]]:
+    """Text cells of a comma-separated file in chunks, with header checks; blank lines dropped."""
+    with open(path, "rb") as fh:
+        if not fh.read(1 << 16).strip():
+            raise TraceFormatError(path, 0, None, "empty file: no header")
+    opts = dict(dtype=str, keep_default_na=False, na_filter=False, encoding="utf-8-sig")
+    try:
+        header = [str(c).strip() for c in pd.read_csv(path, nrows=0, **opts).columns]
+    except (pd.errors.ParserError, UnicodeDecodeError) as exc:
+        raise TraceFormatError(path, 0, None, f"unreadable header: {exc}") from None
+    if len(header) == 1 and len(required) > 1:
+        seps = [name for sep, name in _DELIMITERS.items() if sep in header[0]]
+        hint = (f"; the file looks {seps[0]}-separated, expected comma-separated" if seps
+                else "; expected comma-separated columns")
+        raise TraceFormatError(path, 0, None, f"header parsed as a single column {header[0]!r}{hint}")
+    for col in required:
+        if col not in header:
+            raise TraceFormatError(path, None, col, f"missing required column (found {header})")
+    # skip_blank_lines=False keeps one frame row per file line, so row numbers are exact.
+    reader = pd.read_csv(path, skip_blank_lines=False, chunksize=_CHUNK_ROWS, **opts)
+    start = 1
+    seen_any = False
+    try:
+        for chunk in reader:
+            chunk.columns = header
+            rows = np.arange(start, start + len(chunk))
+            start += len(chunk)
+            blank = (chunk.apply(lambda col: col.str.strip()) == "").all(axis=1).to_numpy()
+            if blank.any():
+                chunk, rows = chunk[~blank], rows[~blank]
+            if len(chunk):
+                seen_any = True
+                yield chunk.reset_index(drop=True), rows
+    except pd.errors.ParserError as exc:
+        line = re.search(r"line (\d+)", str(exc))
+        row = int(line.group(1)) - 1 if line else None
+        raise TraceFormatError(path, row, None, f"malformed CSV line: {exc}") from None
+    if not seen_any:
+        raise TraceFormatError(path, 1, None, "no data rows after the header")
+
+
+def _json_rows(path: Path, required: Sequence[str],
+               optional: Sequence[str] = ()) -> Iterator[tuple[pd.DataFrame, np.ndarray]]:
+    """JSON lines (or one JSON array) as a single text frame; row n = line n (array: element n)."""
+    text = path.read_text(encoding="utf-8-sig")
+    if not text.strip():
+        raise TraceFormatError(path, 1, None, "empty file: no records")
+    if text.lstrip().startswith("["):
+        try:
+            records = list(enumerate(json.loads(text), start=1))
+        except json.JSONDecodeError as exc:
+            raise TraceFormatError(path, None, None, f"invalid JSON: {exc}") from None
+    else:
+        records = []
+        for n, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                records.append((n, json.loads(line)))
+            except json.JSONDecodeError as exc:
+                raise TraceFormatError(path, n, None, f"invalid JSON: {exc.msg}") from None
+    for n, rec in records:
+        if not isinstance(rec, dict):
+            raise TraceFormatError(path, n, None, f"expected a JSON object, got {type(rec).__name__}")
+    for col in required:
+        if not any(col in rec for _, rec in records):
+            raise TraceFormatError(path, None, col, "missing required field")
+
+    def cell(value):
+        # JSON null and an absent key both read as an empty cell; numbers keep their exact repr.
+        return "" if value is None else str(value)
+    cols = {c: pd.Series([cell(rec.get(c)) for _, rec in records], dtype=str)
+            for c in (*required, *optional) if c in required or any(c in r for _, r in records)}
+    yield pd.DataFrame(cols), np.array([n for n, _ in records], dtype=np.int64)
+
+
+# --------------------------------------------------------------------------------------------
+# The shared reader core.
+
+@dataclasses.dataclass
+class _Spec:
+    """How one format maps to the normalised frame."""
+
+    fmt: str
+    time_col: str
+    input_col: str
+    output_col: str
+    time_kind: str = "number"            # "number" (seconds × scale) or "datetime"
+    time_scale: float = 1.0
+    failed_zero_output: bool = False     # BurstGPT: output 0 = failed request, dropped
+    duplicate_key: tuple[str, ...] = ()  # columns whose repeat is an error (see module docstring)
+    id_col: str | None = None            # a per-request id column whose repeat is an error
+
+
+def _read(path, spec: _Spec, chunks: Iterator[tuple[pd.DataFrame, np.ndarray]],
+          allow_duplicates: bool = False) -> tuple[pd.DataFrame, ReadReport]:
+    path = Path(path)
+    report = ReadReport(path=str(path), fmt=spec.fmt)
+    times, inputs, outputs, keep_masks, row_parts, ids = [], [], [], [], [], []
+    prev = None  # last timestamp of the previous chunk, for the order check across chunks
+    for chunk, rows in chunks:
+        report.rows_seen += len(chunk)
+        if spec.time_kind == "datetime":
+            t, p_t = _to_epoch_ns(chunk[spec.time_col], rows, spec.time_col)
+        else:
+            t, p_t = _to_numbers(chunk[spec.time_col], rows, spec.time_col)
+        x, p_in = _to_tokens(chunk[spec.input_col], rows, spec.input_col)
+        y, p_out = _to_tokens(chunk[spec.output_col], rows, spec.output_col,
+                              allow_zero=spec.failed_zero_output)
+        problem = _earliest([p_t, p_in, p_out])
+        if problem:
+            raise TraceFormatError(path, *problem)
+        earlier = np.diff(t, prepend=t[0] if prev is None else prev) < 0
+        problem = _first(earlier, rows, spec.time_col, lambda i: (
+            f"timestamp {chunk[spec.time_col].iloc[i].strip()!r} is earlier than the previous row's; "
+            "rows must be in arrival order"))
+        if problem:
+            raise TraceFormatError(path, *problem)
+        prev = t[-1]
+        if spec.failed_zero_output:
+            # A failed request is a zero response on a row that otherwise parsed; check its input too.
+            keep = y > 0
+            zero_in = keep & (x == 0)
+            problem = _first(zero_in, rows, spec.input_col, lambda i: "zero token count")
+            if problem:
+                raise TraceFormatError(path, *problem)
+        else:
+            keep = np.ones(len(t), dtype=bool)
+        times.append(t)
+        inputs.append(x)
+        outputs.append(y)
+        keep_masks.append(keep)
+        row_parts.append(rows)
+        if spec.id_col and spec.id_col in chunk:
+            ids.append(chunk[spec.id_col].str.strip().to_numpy(dtype=object))
+
+    # A float chunk (e.g. "5.0") makes the whole column float; otherwise integer stays exact.
+    t = np.concatenate(times) if any(a.dtype.kind == "f" for a in times) else \
+        np.concatenate(times).astype(np.int64)
+    keep = np.concatenate(keep_masks)
+    rows = np.concatenate(row_parts)
+    x, y = np.concatenate(inputs), np.concatenate(outputs)
+    if not allow_duplicates:
+        _check_duplicates(path, spec, t, x, y, rows, np.concatenate(ids) if ids else None)
+    n_failed = int((~keep).sum())
+    if n_failed:
+        report.dropped["failed request (zero response tokens)"] = n_failed
+    t, x, y = t[keep], x[keep], y[keep]
+    if len(t) == 0:
+        raise TraceFormatError(path, None, spec.output_col,
+                               f"no valid rows: all {report.rows_seen} rows are failed requests")
+    report.rows_valid = len(t)
+    # Rebase in the native type first: integer epoch-ns minus integer origin is exact.
+    if spec.time_kind == "datetime":
+        report.origin_s = int(t[0]) / 1e9
+        arrival = (t - t[0]).astype(np.float64) / 1e9
+    else:
+        report.origin_s = float(t[0]) * spec.time_scale
+        arrival = (t - t[0]).astype(np.float64) * spec.time_scale
+    record_ids = f"{path.name}:" + pd.Series(np.arange(len(t))).astype(str)
+    frame = pd.DataFrame({"arrival_s": arrival, "input_tokens": x.astype(np.int64),
+                          "output_tokens": y.astype(np.int64), "source_record_id": record_ids})
+    return frame, report
+
+
+def _check_duplicates(path: Path, spec: _Spec, t, x, y, rows, ids) -> None:
+    """Apply the format's duplicate rule (module docstring) to all rows, failed ones included."""
+    if spec.id_col and ids is not None:
+        present = ids != ""
+        series = pd.Series(ids[present])
+        dup = series.duplicated().to_numpy()
+        if dup.any():
+            i = int(np.flatnonzero(dup)[0])
+            first = int(np.flatnonzero((series == series.iloc[i]).to_numpy())[0])
+            r = rows[present]
+            raise TraceFormatError(path, int(r[i]), spec.id_col,
+                                   f"duplicate request id {series.iloc[i]!r} (first used at row {r[first]})")
+        return
+    if not spec.duplicate_key:
+        return
+    key = pd.DataFrame({"t": t, "x": x, "y": y})
+    dup = key.duplicated().to_numpy()
+    if dup.any():
+        i = int(np.flatnonzero(dup)[0])
+        same = (key["t"] == t[i]) & (key["x"] == x[i]) & (key["y"] == y[i])
+        first = int(rows[int(np.flatnonzero(same.to_numpy())[0])])
+        raise TraceFormatError(path, int(rows[i]), spec.time_col,
+                               f"exact duplicate of row {first} (same {', '.join(spec.duplicate_key)}); "
+                               "pass allow_duplicates=True to keep it")
+
+
+# --------------------------------------------------------------------------------------------
+# Public readers.
+
+def read_burstgpt(path) -> tuple[pd.DataFrame, ReadReport]:
+    """BurstGPT CSV (releases 1–3; columns found by name). Rows with 0 response tokens are failed
+    requests: dropped and counted in the report. Equal whole-second timestamps are fine."""
+    spec = _Spec("burstgpt", "Timestamp", "Request tokens", "Response tokens", failed_zero_output=True)
+    path = Path(path)
+    return _read(path, spec, _csv_chunks(path, [spec.time_col, spec.input_col, spec.output_col]))
+
+
+def read_azure(path, *, allow_duplicates: bool = False) -> tuple[pd.DataFrame, ReadReport]:
+    """Azure LLM inference trace (2023/2024) CSV: ``TIMESTAMP``, ``ContextTokens``, ``GeneratedTokens``.
+
+    Timestamps keep all fractional digits (the files have 7) to the nanosecond; naive ones are UTC.
+    ``report.origin_s`` is the first valid row's epoch time.
+    """
+    spec = _Spec("azure", "TIMESTAMP", "ContextTokens", "GeneratedTokens", time_kind="datetime",
+                 duplicate_key=("TIMESTAMP", "ContextTokens", "GeneratedTokens"))
+    path = Path(path)
+    return _read(path, spec, _csv_chunks(path, [spec.time_col, spec.input_col, spec.output_col]),
+                 allow_duplicates)
+
+
+def read_bailian(path, *, allow_duplicates: bool = False) -> tuple[pd.DataFrame, ReadReport]:
+    """Alibaba qwen-bailian usage trace: JSON lines (``.jsonl``/``.json``) or ``.csv``.
+
+    Uses ``timestamp`` (seconds from the trace start), ``input_length``, ``output_length``; a
+    repeated ``chat_id`` is an error (module docstring).
+    """
+    spec = _Spec("bailian", "timestamp", "input_length", "output_length", id_col="chat_id",
+                 duplicate_key=("timestamp", "input_length", "output_length"))
+    path = Path(path)
+    required = [spec.time_col, spec.input_col, spec.output_col]
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".json"):
+        chunks = _json_rows(path, required, optional=["chat_id"])
+    elif suffix == ".csv":
+        chunks = _csv_chunks(path, required)
+    else:
+        raise TraceFormatError(path, None, None,
+                               f"unknown Bailian file type {path.suffix!r}: expected .jsonl, .json or .csv")
+    return _read(path, spec, chunks, allow_duplicates)
+
+
+def read_generic_csv(path, columns: Mapping[str, str], time_unit: str = "s") -> tuple[pd.DataFrame, ReadReport]:
+    """Any comma-separated trace. ``columns`` maps ``arrival_s``, ``input_tokens`` and ``output_tokens``
+    to the file's column names. ``time_unit``: ``s``, ``ms``, ``us``, ``ns`` (numbers) or ``datetime``
+    (ISO date-times, as Azure). Zero tokens are errors; duplicates are not checked."""
+    missing = [k for k in ("arrival_s", "input_tokens", "output_tokens") if k not in columns]
+    if missing:
+        raise ValueError(f"columns mapping lacks {missing}; it needs arrival_s, input_tokens, output_tokens")
+    if time_unit != "datetime" and time_unit not in _TIME_UNITS:
+        raise ValueError(f"time_unit must be one of {[*_TIME_UNITS, 'datetime']}, got {time_unit!r}")
+    spec = _Spec("generic", columns["arrival_s"], columns["input_tokens"], columns["output_tokens"],
+                 time_kind="datetime" if time_unit == "datetime" else "number",
+                 time_scale=_TIME_UNITS.get(time_unit, 1.0))
+    path = Path(path)
+    return _read(path, spec, _csv_chunks(path, [spec.time_col, spec.input_col, spec.output_col]))
+
+
+READERS = {"burstgpt": read_burstgpt, "azure": read_azure, "bailian": read_bailian,
+           "generic": read_generic_csv}
+
+
+# --------------------------------------------------------------------------------------------
+# Window cutting.
+
+def stride_window_starts(n_valid: int, *, n_windows: int, window_size: int = 200, seed: int,
+                         offset: int = 0, exclude: Iterable[tuple[int, int]] = ()) -> list[int]:
+    """Start indices (into the valid rows) of ``n_windows`` non-overlapping windows; the study's rule.
+
+    1. Free space: valid-row indices ``[offset, n_valid)`` minus every ``exclude`` range
+       ``[start, end)`` (the study pins its Stage-0 windows this way), split into intervals; intervals
+       shorter than ``window_size`` are dropped. Lay the rest end to end: a "free axis" of length F.
+       F < ``n_windows × window_size`` is an error (never fewer or shorter windows).
+    2. ``stride = F // n_windows``; bucket i is ``[i·stride, (i+1)·stride)``, the last one running to F.
+    3. With ``rng = numpy.random.default_rng(seed)``, for each bucket in order: if
+       ``bucket_end − window_size > bucket_start`` draw ``rng.integers(bucket_start,
+       bucket_end − window_size + 1)``, else take ``bucket_start`` without drawing.
+    4. Map that free position back to its interval and clamp so the whole window lies inside that one
+       interval (it never straddles an excluded range).
+
+    With no exclusions this equals the study's Stage-0 sampler; with its pinned ranges, its
+    Pilot-V2 extension sampler (the starts in ``sampling_reports.json`` are reproduced exactly).
+    Overlapping windows (only possible after a clamp) are an error.
+    """
+    if n_windows < 1 or window_size < 1:
+        raise ValueError(f"need n_windows >= 1 and window_size >= 1, got {n_windows}, {window_size}")
+    if not 0 <= offset:
+        raise ValueError(f"offset must be >= 0, got {offset}")
+    intervals, cursor = [], 0
+    for lo, hi in sorted((int(a), int(b)) for a, b in exclude):
+        if lo > cursor:
+            intervals.append((cursor, lo))
+        cursor = max(cursor, hi)
+    if cursor < n_valid:
+        intervals.append((cursor, n_valid))
+    intervals = [(max(lo, offset), hi) for lo, hi in intervals if hi > max(lo, offset)]
+    usable = [(lo, hi) for lo, hi in intervals if hi - lo >= window_size]
+    free_total = sum(hi - lo for lo, hi in usable)
+    if free_total < n_windows * window_size:
+        raise ValueError(f"not enough valid rows for {n_windows} windows of {window_size}: "
+                         f"{free_total} usable free rows (of {n_valid} valid, offset {offset}), "
+                         f"need {n_windows * window_size}")
+    stride = free_total // n_windows
+    rng = np.random.default_rng(seed)
+    free_starts = np.cumsum([0] + [hi - lo for lo, hi in usable])  # free-axis start of each interval
+    starts = []
+    for i in range(n_windows):
+        lo = i * stride
+        hi = lo + stride if i < n_windows - 1 else free_total
+        pos = int(rng.integers(lo, hi - window_size + 1)) if hi - window_size > lo else lo
+        k = min(int(np.searchsorted(free_starts, pos, side="right")) - 1, len(usable) - 1)
+        a, b = usable[k]
+        starts.append(min(max(a + pos - int(free_starts[k]), a), b - window_size))
+    ordered = sorted(starts)
+    for s1, s2 in zip(ordered, ordered[1:]):
+        if s2 < s1 + window_size:
+            raise ValueError(f"windows at valid rows {s1} and {s2} overlap; try another seed")
+    return starts
+
+
+def cut_windows(frame: pd.DataFrame, *, n_windows: int, window_size: int = 200, seed: int,
+                source: str, offset: int = 0, exclude: Iterable[tuple[int, int]] = (),
+                first_index: int = 0, prediction_seed_base: int = PREDICTION_SEED_BASE) -> list[dict]:
+    """Cut ``n_windows`` runs of ``window_size`` consecutive valid rows (see :func:`stride_window_starts`).
+
+    Window k (``k = first_index + i`` in bucket order) is ``"{source}_w{k:02d}"``; its arrivals are
+    rebased to its first request and its predictions are
+    ``synthesize_predictions(output, seed=prediction_seed_base + k)`` (the study's seeds by default).
+    Returns dicts as :func:`portbench.store.write_source` takes them, with provenance fields
+    ``start_index_in_valid_rows``, ``sampling_seed`` and ``synthesis_seed`` for the manifest.
+    """
+    missing = [c for c in TRACE_COLUMNS[:3] if c not in frame]
+    if missing:
+        raise ValueError(f"trace frame lacks columns {missing}")
+    arrival = frame["arrival_s"].to_numpy(dtype=np.float64)
+    if np.any(np.diff(arrival) < 0):
+        raise ValueError("trace frame arrivals are not sorted")
+    inputs = frame["input_tokens"].to_numpy(dtype=np.int64)
+    outputs = frame["output_tokens"].to_numpy(dtype=np.int64)
+    record_ids = (frame["source_record_id"].astype(str).to_numpy() if "source_record_id" in frame
+                  else None)
+    starts = stride_window_starts(len(frame), n_windows=n_windows, window_size=window_size, seed=seed,
+                                  offset=offset, exclude=exclude)
+    windows = []
+    for i, start in enumerate(starts):
+        k = first_index + i
+        span = slice(start, start + window_size)
+        a = arrival[span]
+        out = outputs[span].copy()
+        windows.append({
+            "window_id": f"{source}_w{k:02d}",
+            "arrival_s": a - a[0],
+            "input_tokens": inputs[span].copy(),
+            "output_tokens": out,
+            "predicted_output_tokens": synthesize_predictions(out, seed=prediction_seed_base + k),
+            "source_record_id": list(record_ids[span]) if record_ids is not None else None,
+            "start_index_in_valid_rows": int(start),
+            "sampling_seed": int(seed),
+            "synthesis_seed": int(prediction_seed_base + k),
+        })
+    return windows
+
+
+# --------------------------------------------------------------------------------------------
+# Store integration and summaries.
+
+def read_trace(path, fmt: str, *, column_map: Mapping[str, str] | None = None,
+               time_unit: str = "s") -> tuple[pd.DataFrame, ReadReport]:
+    """Dispatch to the reader for ``fmt`` (``burstgpt``, ``azure``, ``bailian`` or ``generic``)."""
+    if fmt not in READERS:
+        raise ValueError(f"unknown trace format {fmt!r}; known: {sorted(READERS)}")
+    if fmt == "generic":
+        if column_map is None:
+            raise ValueError("fmt='generic' needs column_map={'arrival_s': ..., 'input_tokens': ..., "
+                             "'output_tokens': ...}")
+        return read_generic_csv(path, column_map, time_unit=time_unit)
+    if column_map is not None or time_unit != "s":
+        raise ValueError(f"column_map and time_unit apply to fmt='generic' only, not {fmt!r}")
+    return READERS[fmt](path)
+
+
+def add_source(source: str, path, *, fmt: str, n_windows: int, seed: int, window_size: int = 200,
+               data_dir=None, replace: bool = False, column_map: Mapping[str, str] | None = None,
+               offset: int = 0, time_unit: str = "s") -> pd.DataFrame:
+    """Read a raw trace, cut windows and add them to the store as ``source``; returns manifest rows.
+
+    Everything (reading, validation, cutting) completes before ``store.write_source`` is called, and
+    that write is atomic, so any error leaves the store untouched.
+    """
+    if not _SOURCE_NAME.match(source):
+        raise ValueError(f"source name {source!r} must be letters, digits, '_', '.' or '-'")
+    manifest_path = store.windows_dir(data_dir) / "manifest.csv"
+    if not replace and manifest_path.exists() and source in set(store.read_manifest(data_dir)["source"]):
+        # Fail before reading a possibly huge file.
+        raise store.WindowStoreError(f"source {source!r} already has windows; pass replace to overwrite")
+    frame, _ = read_trace(path, fmt, column_map=column_map, time_unit=time_unit)
+    windows = cut_windows(frame, n_windows=n_windows, window_size=window_size, seed=seed,
+                          source=source, offset=offset)
+    for w in windows:
+        w["source_file"] = Path(path).name
+    return store.write_source(source, windows, data_dir, replace=replace)
+
+
+def describe_trace(frame: pd.DataFrame) -> dict:
+    """Rows, duration, mean arrival rate and token statistics of a normalised trace frame."""
+    n = len(frame)
+    arrival = frame["arrival_s"].to_numpy(dtype=np.float64)
+    duration = float(arrival[-1] - arrival[0]) if n else 0.0
+
+    def stats(col):
+        v = frame[col].to_numpy(dtype=np.float64)
+        if not n:
+            return {}
+        return {"min": int(v.min()), "mean": float(v.mean()), "median": float(np.median(v)),
+                "p99": float(np.percentile(v, 99)), "max": int(v.max())}
+    return {"rows": n, "duration_s": duration,
+            "mean_rate_per_s": (n - 1) / duration if duration > 0 else float("nan"),
+            "input_tokens": stats("input_tokens"), "output_tokens": stats("output_tokens")}
