@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from types import MappingProxyType
 
 import numpy as np
 
@@ -51,7 +50,7 @@ class Window:
                                  f"entries, arrival_s has {n}")
         for name in ("arrival_s", "input_tokens", "output_tokens", "predicted_output_tokens", "deadline_s"):
             getattr(self, name).setflags(write=False)
-        object.__setattr__(self, "meta", MappingProxyType(dict(self.meta)))
+        object.__setattr__(self, "meta", dict(self.meta))   # a copy: callers' dicts stay theirs
 
     def __repr__(self) -> str:
         return (f"Window({self.window_id!r}, source={self.source!r}, n_requests={len(self)}, "

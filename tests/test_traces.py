@@ -44,8 +44,7 @@ def burst_rows(rows, v3=False):
     """rows: (timestamp, request, response) triples -> full BurstGPT rows."""
     out = []
     for i, (t, req, resp) in enumerate(rows):
-        total = "" if "" in (req, resp) else int(req) + int(resp) if all(
-            str(v).lstrip("-").isdigit() for v in (req, resp)) else 0
+        total = 0  # the reader ignores "Total tokens"
         base = [t, "ChatGPT", req, resp, total, "Conversation log"]
         out.append(base[:1] + [f"s{i}", 1.5] + base[1:] if v3 else base)
     return out
