@@ -168,7 +168,12 @@ def _to_epoch_ns(text: pd.Series, rows: np.ndarray, field: str) -> tuple[np.ndar
     """
     text = text.str.strip()
     # pandas' ISO8601 parser knows "Z" and offsets but not a trailing " UTC"/"GMT" word.
-    norm = text.str.replace(r"\s*(?:UTC|GMT)$", "+00:00", regex=True, case=False)
+    # (Only rewrite the rows that need it: the regex replace is per-element Python code.)
+    word = text.str.contains(r"(?i)(?:UTC|GMT)$", regex=True).to_numpy(dtype=bool)
+    norm = text
+    if word.any():
+        norm = text.copy()
+        norm[word] = text[word].str.replace(r"\s*(?:UTC|GMT)$", "+00:00", regex=True, case=False)
     stamps = pd.to_datetime(norm, format="ISO8601", utc=True, errors="coerce")
     bad = stamps.isna().to_numpy()
     if bad.any():
@@ -193,6 +198,8 @@ def _csv_chunks(path: Path, required: Sequence[str]) -> Iterator[tuple[pd.DataFr
     opts = dict(dtype=str, keep_default_na=False, na_filter=False, encoding="utf-8-sig")
     try:
         header = [str(c).strip() for c in pd.read_csv(path, nrows=0, **opts).columns]
+    except pd.errors.EmptyDataError:
+        raise TraceFormatError(path, 0, None, "empty file: no header") from None
     except (pd.errors.ParserError, UnicodeDecodeError) as exc:
         raise TraceFormatError(path, 0, None, f"unreadable header: {exc}") from None
     if len(header) == 1 and len(required) > 1:
@@ -291,10 +298,17 @@ def _read(path, spec: _Spec, chunks: Iterator[tuple[pd.DataFrame, np.ndarray]],
             t, p_t = _to_epoch_ns(chunk[spec.time_col], rows, spec.time_col)
         else:
             t, p_t = _to_numbers(chunk[spec.time_col], rows, spec.time_col)
-        x, p_in = _to_tokens(chunk[spec.input_col], rows, spec.input_col)
+        # BurstGPT: a zero response marks a failed request (dropped), whatever its prompt count;
+        # only rows that are kept must have a positive prompt.
+        x, p_in = _to_tokens(chunk[spec.input_col], rows, spec.input_col,
+                             allow_zero=spec.failed_zero_output)
         y, p_out = _to_tokens(chunk[spec.output_col], rows, spec.output_col,
                               allow_zero=spec.failed_zero_output)
-        problem = _earliest([p_t, p_in, p_out])
+        keep = y > 0 if spec.failed_zero_output else np.ones(len(t), dtype=bool)
+        p_kept = None
+        if spec.failed_zero_output and not (p_in or p_out):
+            p_kept = _first(keep & (x == 0), rows, spec.input_col, lambda i: "zero token count")
+        problem = _earliest([p_t, p_in, p_out, p_kept])
         if problem:
             raise TraceFormatError(path, *problem)
         earlier = np.diff(t, prepend=t[0] if prev is None else prev) < 0
@@ -304,15 +318,6 @@ def _read(path, spec: _Spec, chunks: Iterator[tuple[pd.DataFrame, np.ndarray]],
         if problem:
             raise TraceFormatError(path, *problem)
         prev = t[-1]
-        if spec.failed_zero_output:
-            # A failed request is a zero response on a row that otherwise parsed; check its input too.
-            keep = y > 0
-            zero_in = keep & (x == 0)
-            problem = _first(zero_in, rows, spec.input_col, lambda i: "zero token count")
-            if problem:
-                raise TraceFormatError(path, *problem)
-        else:
-            keep = np.ones(len(t), dtype=bool)
         times.append(t)
         inputs.append(x)
         outputs.append(y)
@@ -437,8 +442,9 @@ def read_generic_csv(path, columns: Mapping[str, str], time_unit: str = "s") -> 
     return _read(path, spec, _csv_chunks(path, [spec.time_col, spec.input_col, spec.output_col]))
 
 
+#: ``fmt`` names accepted by :func:`read_trace` / :func:`add_source` (``csv`` = ``generic``, as the CLI says).
 READERS = {"burstgpt": read_burstgpt, "azure": read_azure, "bailian": read_bailian,
-           "generic": read_generic_csv}
+           "generic": read_generic_csv, "csv": read_generic_csv}
 
 
 # --------------------------------------------------------------------------------------------
@@ -547,16 +553,16 @@ def cut_windows(frame: pd.DataFrame, *, n_windows: int, window_size: int = 200, 
 
 def read_trace(path, fmt: str, *, column_map: Mapping[str, str] | None = None,
                time_unit: str = "s") -> tuple[pd.DataFrame, ReadReport]:
-    """Dispatch to the reader for ``fmt`` (``burstgpt``, ``azure``, ``bailian`` or ``generic``)."""
+    """Dispatch to the reader for ``fmt`` (``burstgpt``, ``azure``, ``bailian``, ``generic``/``csv``)."""
     if fmt not in READERS:
         raise ValueError(f"unknown trace format {fmt!r}; known: {sorted(READERS)}")
-    if fmt == "generic":
+    if READERS[fmt] is read_generic_csv:
         if column_map is None:
-            raise ValueError("fmt='generic' needs column_map={'arrival_s': ..., 'input_tokens': ..., "
+            raise ValueError(f"fmt={fmt!r} needs column_map={'arrival_s': ..., 'input_tokens': ..., "
                              "'output_tokens': ...}")
         return read_generic_csv(path, column_map, time_unit=time_unit)
     if column_map is not None or time_unit != "s":
-        raise ValueError(f"column_map and time_unit apply to fmt='generic' only, not {fmt!r}")
+        raise ValueError(f"column_map and time_unit apply to fmt='generic'/'csv' only, not {fmt!r}")
     return READERS[fmt](path)
 
 

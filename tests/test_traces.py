@@ -68,6 +68,16 @@ def test_burstgpt_reads_and_drops_failed_requests(tmp_path, v3):
     assert report.origin_s == 5.0
 
 
+def test_burstgpt_failed_row_may_have_a_zero_prompt_but_a_kept_row_may_not(tmp_path):
+    path = write(tmp_path / "b.csv", csv_text(BURST_V2, burst_rows([(1, 10, 2), (2, 0, 0), (3, 4, 5)])))
+    frame, report = read_burstgpt(path)
+    assert frame["input_tokens"].tolist() == [10, 4] and report.rows_dropped == 1
+    path = write(tmp_path / "b.csv", csv_text(BURST_V2, burst_rows([(1, 10, 2), (2, 0, 3)])))
+    with pytest.raises(TraceFormatError, match="zero token count") as exc:
+        read_burstgpt(path)
+    assert_names(exc.value, path, 2, "Request tokens")
+
+
 def test_burstgpt_identical_rows_are_legitimate(tmp_path):
     path = write(tmp_path / "b.csv", csv_text(BURST_V2, burst_rows([(3, 10, 2), (3, 10, 2), (3, 10, 2)])))
     frame, _ = read_burstgpt(path)
@@ -565,8 +575,8 @@ def test_add_source_replace_and_generic(tmp_path):
     cmap = {"arrival_s": "t", "input_tokens": "p", "output_tokens": "c"}
     data = tmp_path / "data"
     add_source("gen", path, fmt="generic", column_map=cmap, n_windows=2, seed=1, data_dir=data)
-    add_source("gen", path, fmt="generic", column_map=cmap, n_windows=3, seed=2, data_dir=data,
-               replace=True)
+    add_source("gen", path, fmt="csv", column_map=cmap, n_windows=3, seed=2, data_dir=data,
+               replace=True)  # "csv" is the CLI's name for the generic reader
     windows = store.load_windows(data_dir=data, source="gen")
     assert len(windows) == 3
     assert all(w.arrival_s[1] == 0.5 for w in windows)
@@ -581,3 +591,22 @@ def test_describe_trace(tmp_path):
     assert d["mean_rate_per_s"] == pytest.approx(3 / 7)
     assert d["input_tokens"]["min"] == 40 and d["input_tokens"]["max"] == 100
     assert d["output_tokens"]["mean"] == pytest.approx(11.75)
+
+
+def test_row_numbers_and_order_check_hold_across_chunks(tmp_path, monkeypatch):
+    from portbench import traces
+    monkeypatch.setattr(traces, "_CHUNK_ROWS", 3)
+    rows = [(t, 5, 5) for t in (1, 2, 3, 4, 5, 6, 7)]
+    path = write(tmp_path / "g.csv", csv_text(["t", "in", "out"], rows))
+    cols = {"arrival_s": "t", "input_tokens": "in", "output_tokens": "out"}
+    frame, report = read_generic_csv(path, cols)
+    assert frame["arrival_s"].tolist() == [0, 1, 2, 3, 4, 5, 6] and report.rows_seen == 7
+    assert frame["source_record_id"].iloc[6] == "g.csv:6"
+    path = write(tmp_path / "g.csv", csv_text(["t", "in", "out"], _with(rows, 3, 0, 2.5)))  # row 4
+    with pytest.raises(TraceFormatError, match="earlier") as exc:
+        read_generic_csv(path, cols)
+    assert_names(exc.value, path, 4, "t")
+    path = write(tmp_path / "g.csv", csv_text(["t", "in", "out"], _with(rows, 5, 2, "x")))  # row 6
+    with pytest.raises(TraceFormatError, match="not a number") as exc:
+        read_generic_csv(path, cols)
+    assert_names(exc.value, path, 6, "out")

@@ -1,0 +1,102 @@
+"""``kv_constrained_online``: keep KV use under 0.82 of the cache unless a request is urgent."""
+
+import math
+
+from ..sim import NEVER, Decision, Policy
+from . import register
+from ._common import ALPHA, BETA, admit_in_order
+
+
+@register
+class KvConstrainedOnline(Policy):
+    """KV-utilisation cap with an urgency bypass.
+
+    ``lax_s = (d - now) - step_s * (alpha*P + beta*O)``; urgent iff ``lax_s <= urgent_laxity_seconds``.
+    Key ``(lax_s > urgent, kv_cost / max(priority, 1e-9), lax_s, id)`` ascending with
+    ``kv_cost = P + 0.25 * O`` (ranking only): urgent requests first, then the smaller footprint.
+    After the hard limits, a request is admitted only if ``(kv + P) / max_kv <= target_kv_utilization``
+    (``kv`` = KV in use plus the prompts admitted earlier in the step; nothing is reserved for the
+    output) or it is urgent. A request that fails is skipped and the walk goes on.
+
+    Timer: a waiting request that passed the hard limits but was stopped by the cap can be admitted,
+    with no other event, at the first step at which it becomes urgent; :meth:`wake_step` returns the
+    earliest such step (exact float condition, found by solving and then checking neighbours).
+
+    step_s: seconds per step used to convert the estimate (0.001).
+    alpha, beta: weights of prompt and predicted output in the estimate (0.5, 1.0).
+    target_kv_utilization: the cap on (kv + P) / max_kv for non-urgent requests (0.82).
+    urgent_laxity_seconds: laxity at or below which a request is urgent (0.25).
+    """
+
+    name = "kv_constrained_online"
+
+    #: Weight of the predicted output in the ranking's KV cost (fixed in the study).
+    KV_COST_OUTPUT_WEIGHT = 0.25
+
+    def __init__(self, step_s: float = 0.001, alpha: float = ALPHA, beta: float = BETA,
+                 target_kv_utilization: float = 0.82, urgent_laxity_seconds: float = 0.25):
+        self.step_s = step_s
+        self.alpha = alpha
+        self.beta = beta
+        self.target_kv_utilization = target_kv_utilization
+        self.urgent_laxity_seconds = urgent_laxity_seconds
+        self._wake = (None, NEVER)
+
+    def reset(self, view):
+        self._wake = (None, NEVER)
+
+    def _est_s(self, view, i):
+        return (self.alpha * int(view.input_tokens[i])
+                + self.beta * int(view.predicted_output_tokens[i])) * self.step_s
+
+    def schedule(self, view):
+        now = view.now
+        d, p, o, prio = view.deadline_s, view.input_tokens, view.predicted_output_tokens, view.priority
+        urgent_lax = self.urgent_laxity_seconds
+        urgent = {}
+        keyed = []
+        for i in view.waiting:
+            lax = (float(d[i]) - now) - self._est_s(view, i)
+            urgent[i] = lax <= urgent_lax
+            kv_cost = int(p[i]) + self.KV_COST_OUTPUT_WEIGHT * int(o[i])
+            keyed.append(((lax > urgent_lax, kv_cost / max(float(prio[i]), 1e-9), lax, i), i))
+        keyed.sort(key=lambda t: t[0])
+
+        max_kv = max(view.model.max_kv_tokens, 1)
+        capped = []                               # passed the hard limits, stopped by the cap
+
+        def accept(i, active, kv):
+            if (kv + int(p[i])) / max_kv <= self.target_kv_utilization or urgent[i]:
+                return True
+            capped.append(i)
+            return False
+
+        admitted = admit_in_order(view, [i for _, i in keyed], accept=accept)
+        wake = NEVER
+        for i in capped:
+            wake = min(wake, self._urgent_step(view, i))
+        self._wake = (view.step, wake)
+        return Decision(admit=admitted)
+
+    def _is_urgent_at(self, view, i, k):
+        return (float(view.deadline_s[i]) - k * view.model.step_s) - self._est_s(view, i) \
+            <= self.urgent_laxity_seconds
+
+    def _urgent_step(self, view, i):
+        """The first step after ``view.step`` at which request ``i`` is urgent (NEVER if none)."""
+        s = view.step
+        dt = view.model.step_s
+        target = (float(view.deadline_s[i]) - self._est_s(view, i) - self.urgent_laxity_seconds) / dt
+        if not math.isfinite(target):
+            return NEVER if target > 0 else s + 1
+        k = max(s + 1, math.ceil(target))
+        # The condition is monotone in k; fix the float round-off of the solve exactly.
+        while k > s + 1 and self._is_urgent_at(view, i, k - 1):
+            k -= 1
+        while not self._is_urgent_at(view, i, k):
+            k += 1
+        return k
+
+    def wake_step(self, view):
+        step, wake = self._wake
+        return wake if step == view.step else NEVER

@@ -1,0 +1,199 @@
+"""``scorpio_style_slo_guard``: the study's SCORPIO-inspired guard (credit bucket, deadline filter)."""
+
+import math
+
+from ..sim import NEVER, Decision, Policy
+from . import register
+from ._common import ALPHA, BETA, admit_in_order, fits
+
+
+@register
+class ScorpioStyleSloGuard(Policy):
+    """SLO guard with a composite score and a per-step admission credit bucket.
+
+    Per scheduled step (nothing at all, not even a refill, when the queue is empty):
+
+    1. refill the bucket: ``b = min(admission_budget_max, b + admission_budget_refill)``;
+    2. pressures before admissions: ``kv_p = kv / max_kv``, ``dec_p = running / max_active``,
+       ``queue_p = waiting / max_active``;
+    3. candidates: drop a request with ``lax < -laxity_threshold`` or ``ttft_slack <
+       -ttft_slack_threshold`` where ``lax = (d - now) - step_s*(alpha*P + beta*O)`` and
+       ``ttft_slack = (d - now) - alpha*P*step_s``. Laxity only falls, so a request whose laxity has
+       gone negative is never admitted again (it ends the run waiting, i.e. dropped);
+    4. guard = ``kv_p >= kv_utilization_threshold or dec_p >= decode_pressure_threshold or queue_p >=
+       queue_overload_factor or mean(lax of candidates) < 0``;
+    5. under guard with ``kv_p >= kv_utilization_threshold`` keep only candidates with
+       ``O <= long_decode_token_threshold`` or ``lax < 0.5``;
+    6. key ``(-score, lax, -priority, arrival, id)``, ``score = 1/max(lax, 1e-9) + priority_weight *
+       priority + age_bonus * (now - arrival) - pen``, ``pen = decode_penalty_weight * beta*O * dec_p``
+       under guard, else 0;
+    7. walk with the hard limits; under guard at most ``max(1, int(b))`` admissions, each costing
+       ``admission_cost`` credit (floored at 0).
+
+    The bucket persists across steps (``reset`` refills it). Steps skipped by the engine still
+    refill it when the queue was non-empty during them (the study calls the policy every step).
+
+    Timers (:meth:`wake_step`): the next step when the admission cap stopped the walk; otherwise the
+    first step at which a request held back only by the long-decode filter gets ``lax < 0.5``.
+    Every other change with time (expiry, guard switching on, score drift) can only remove
+    admissions when nothing arrives or completes.
+
+    Parameters are the study's defaults: step_s 0.001, alpha 0.5, beta 1.0, laxity_threshold 0.0,
+    ttft_slack_threshold 0.0, kv_utilization_threshold 0.65, decode_pressure_threshold 0.70,
+    queue_overload_factor 3.0, admission_budget_refill 2.0, admission_budget_max 4.0,
+    admission_cost 1.0, priority_weight 1.0, age_bonus 0.05, decode_penalty_weight 0.35,
+    long_decode_token_threshold 256.
+    """
+
+    name = "scorpio_style_slo_guard"
+
+    #: Laxity (s) below which a long-decode request passes the filter of step 5 (fixed in the study).
+    LONG_DECODE_UNLOCK_LAXITY_S = 0.5
+
+    def __init__(self, step_s: float = 0.001, alpha: float = ALPHA, beta: float = BETA,
+                 laxity_threshold: float = 0.0, ttft_slack_threshold: float = 0.0,
+                 kv_utilization_threshold: float = 0.65, decode_pressure_threshold: float = 0.70,
+                 queue_overload_factor: float = 3.0, admission_budget_refill: float = 2.0,
+                 admission_budget_max: float = 4.0, admission_cost: float = 1.0,
+                 priority_weight: float = 1.0, age_bonus: float = 0.05,
+                 decode_penalty_weight: float = 0.35, long_decode_token_threshold: int = 256):
+        self.step_s = step_s
+        self.alpha = alpha
+        self.beta = beta
+        self.laxity_threshold = laxity_threshold
+        self.ttft_slack_threshold = ttft_slack_threshold
+        self.kv_utilization_threshold = kv_utilization_threshold
+        self.decode_pressure_threshold = decode_pressure_threshold
+        self.queue_overload_factor = queue_overload_factor
+        self.admission_budget_refill = admission_budget_refill
+        self.admission_budget_max = admission_budget_max
+        self.admission_cost = admission_cost
+        self.priority_weight = priority_weight
+        self.age_bonus = age_bonus
+        self.decode_penalty_weight = decode_penalty_weight
+        self.long_decode_token_threshold = long_decode_token_threshold
+        self._init_state()
+
+    def _init_state(self):
+        self.budget = self.admission_budget_max
+        self._last_step = None        # last step schedule() ran at
+        self._queue_left = False      # whether requests were left waiting after that step
+        self._wake = (None, NEVER)
+
+    def reset(self, view):
+        self._init_state()
+
+    def _refill(self):
+        self.budget = min(self.admission_budget_max, self.budget + self.admission_budget_refill)
+
+    def _catch_up(self, step):
+        """Refill for the steps the engine skipped since the last call (queue non-empty in them)."""
+        if self._last_step is None or not self._queue_left:
+            return
+        for _ in range(step - self._last_step - 1):
+            before = self.budget
+            self._refill()
+            if self.budget == before:     # at the cap (or a fixed point): further refills do nothing
+                break
+
+    def _est_s(self, p, o):
+        return (self.alpha * p + self.beta * o) * self.step_s
+
+    def schedule(self, view):
+        s = view.step
+        self._catch_up(s)
+        self._last_step = s
+        self._wake = (s, NEVER)
+        self._queue_left = bool(view.waiting)
+        if not view.waiting:
+            return Decision()
+        self._refill()
+
+        m = view.model
+        now = view.now
+        d, a, p, o, prio = (view.deadline_s, view.arrival_s, view.input_tokens,
+                            view.predicted_output_tokens, view.priority)
+        kv_p = view.kv_used / max(m.max_kv_tokens, 1)
+        dec_p = view.n_active / max(m.max_active_sequences, 1)
+        queue_p = len(view.waiting) / max(m.max_active_sequences, 1)
+        min_lax, min_ttft = -self.laxity_threshold, -self.ttft_slack_threshold
+
+        lax = {}
+        for i in view.waiting:
+            di, pi = float(d[i]), int(p[i])
+            li = (di - now) - self._est_s(pi, int(o[i]))
+            if li < min_lax or (di - now) - self.alpha * pi * self.step_s < min_ttft:
+                continue
+            lax[i] = li
+        if not lax:
+            return Decision()
+        candidates = list(lax)
+        guard = (kv_p >= self.kv_utilization_threshold or dec_p >= self.decode_pressure_threshold
+                 or queue_p >= self.queue_overload_factor
+                 or sum(lax.values()) / len(lax) < 0.0)
+
+        held = []                                 # held back only by the long-decode filter
+        if guard and kv_p >= self.kv_utilization_threshold:
+            unlock = self.LONG_DECODE_UNLOCK_LAXITY_S
+            kept = []
+            for i in candidates:
+                (kept if int(o[i]) <= self.long_decode_token_threshold or lax[i] < unlock
+                 else held).append(i)
+            candidates = kept
+
+        def key(i):
+            li = lax[i]
+            score = 1.0 / max(li, 1e-9) + self.priority_weight * float(prio[i]) \
+                + self.age_bonus * (now - float(a[i]))
+            if guard:
+                score -= self.decode_penalty_weight * (self.beta * int(o[i])) * dec_p
+            return (-score, li, -float(prio[i]), float(a[i]), i)
+
+        candidates.sort(key=key)
+        limit = max(1, int(self.budget)) if guard else None
+        admitted = admit_in_order(view, candidates, limit=limit) if candidates else []
+        if guard:
+            for _ in admitted:
+                self.budget = max(0.0, self.budget - self.admission_cost)
+        self._queue_left = len(view.waiting) > len(admitted)
+        self._wake = (s, self._next_wake(view, candidates, admitted, limit, held, lax))
+        return Decision(admit=admitted)
+
+    def _next_wake(self, view, candidates, admitted, limit, held, lax):
+        s = view.step
+        if not self._queue_left:
+            return NEVER
+        if limit is not None and len(admitted) >= limit and len(admitted) < len(candidates):
+            return s + 1                          # the cap stopped the walk: more may fit next step
+        # Every candidate walked and left behind failed the hard limits against capacity that only
+        # shrinks until an arrival or completion; what is left is the long-decode filter.
+        active = view.n_active + len(admitted)
+        kv = view.kv_used + sum(int(view.input_tokens[i]) for i in admitted)
+        wake = NEVER
+        for i in held:
+            if fits(view, active, kv, int(view.input_tokens[i])):
+                wake = min(wake, self._unlock_step(view, i, lax[i]))
+        return wake
+
+    def _lax_at(self, view, i, k):
+        return (float(view.deadline_s[i]) - k * view.model.step_s) - self._est_s(
+            int(view.input_tokens[i]), int(view.predicted_output_tokens[i]))
+
+    def _unlock_step(self, view, i, lax_now):
+        """The first step after ``view.step`` at which ``lax < 0.5`` for request ``i``."""
+        s = view.step
+        unlock = self.LONG_DECODE_UNLOCK_LAXITY_S
+        dt = view.model.step_s
+        target = s + (lax_now - unlock) / dt
+        if not math.isfinite(target):
+            return NEVER if target > 0 else s + 1
+        k = max(s + 1, math.floor(target))
+        while k > s + 1 and self._lax_at(view, i, k - 1) < unlock:
+            k -= 1
+        while not self._lax_at(view, i, k) < unlock:
+            k += 1
+        return k
+
+    def wake_step(self, view):
+        step, wake = self._wake
+        return wake if step == view.step else NEVER
