@@ -54,8 +54,9 @@ def _windows_add(args) -> int:
                              seed=args.seed, window_size=args.window_size,
                              data_dir=args.data_dir, replace=args.replace,
                              column_map=_parse_column_map(args.columns))
+    from .store import windows_dir
     print(f"added {len(rows)} windows of source {args.source!r} "
-          f"({int(rows['n_requests'].sum())} requests) to {Path(args.data_dir or '') or 'data/'}")
+          f"({int(rows['n_requests'].sum())} requests) to {windows_dir(args.data_dir)}")
     return 0
 
 

@@ -558,8 +558,8 @@ def read_trace(path, fmt: str, *, column_map: Mapping[str, str] | None = None,
         raise ValueError(f"unknown trace format {fmt!r}; known: {sorted(READERS)}")
     if READERS[fmt] is read_generic_csv:
         if column_map is None:
-            raise ValueError(f"fmt={fmt!r} needs column_map={'arrival_s': ..., 'input_tokens': ..., "
-                             "'output_tokens': ...}")
+            raise ValueError(f"fmt={fmt!r} needs column_map (keys arrival_s, input_tokens, "
+                             "output_tokens -> the file's column names)")
         return read_generic_csv(path, column_map, time_unit=time_unit)
     if column_map is not None or time_unit != "s":
         raise ValueError(f"column_map and time_unit apply to fmt='generic'/'csv' only, not {fmt!r}")

@@ -18,8 +18,9 @@ import numpy as np
 BASE_SLO_MULTIPLIER = 20.0
 PREFILL_S_PER_TOKEN = 0.0004
 DECODE_S_PER_TOKEN = 0.02
-#: Relative error of the synthetic output-length predictions.
+#: Relative error of the synthetic output-length predictions, and their upper clip (the study's).
 PREDICTION_RELATIVE_ERROR = 0.20
+MAX_PREDICTED_OUTPUT_TOKENS = 4096
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -144,7 +145,8 @@ def synthesize_predictions(output_tokens, *, seed: int,
     """Seeded synthetic output-length predictions: true length times log-normal noise.
 
     The noise is exp(N(0, σ²)) with σ chosen so that its standard deviation relative to its mean is
-    ``relative_error`` (σ² = ln(1 + e²)); predictions are rounded and at least 1 token.
+    ``relative_error`` (σ² = ln(1 + e²)), without mean correction; predictions are rounded half to
+    even and clipped to [1, 4096] tokens, as in the study.
     """
     if relative_error < 0:
         raise ValueError(f"relative_error must be >= 0, got {relative_error!r}")
@@ -152,4 +154,4 @@ def synthesize_predictions(output_tokens, *, seed: int,
     sigma = np.sqrt(np.log1p(relative_error ** 2))
     rng = np.random.default_rng(seed)
     noise = np.exp(rng.normal(0.0, sigma, size=output_tokens.shape))
-    return np.maximum(1, np.rint(output_tokens * noise)).astype(np.int64)
+    return np.clip(np.rint(output_tokens * noise), 1, MAX_PREDICTED_OUTPUT_TOKENS).astype(np.int64)

@@ -52,3 +52,11 @@ def test_synthesized_predictions_are_seeded_and_about_20_percent_off():
     rel = a / true
     assert rel.std() / rel.mean() == pytest.approx(0.20, abs=0.01)
     assert (synthesize_predictions([1] * 100, seed=0) >= 1).all()
+
+
+def test_synthesis_reproduces_the_studys_predictions_for_all_120_windows(data_dir):
+    from portbench import store
+    for w in store.load_windows(data_dir):
+        k = int(w.window_id.rsplit("_w", 1)[1])        # the study seeds window k with 900000 + k
+        np.testing.assert_array_equal(synthesize_predictions(w.output_tokens, seed=900_000 + k),
+                                      w.predicted_output_tokens, err_msg=w.window_id)
