@@ -226,7 +226,7 @@ class _Engine:
         wake = self.policy.wake_step(view)
         if wake < t:
             t = max(wake, s + 1)
-        return t if t != NEVER else s + 1
+        return t      # NEVER only when no arrival is left: the drain limit then bounds the jump
 
     def _apply(self, d: Decision) -> None:
         m = self.model
