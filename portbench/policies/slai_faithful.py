@@ -14,25 +14,22 @@ from __future__ import annotations
 
 import math
 
-from ..sim import Decision, Policy
+from ..sim import Decision
 from . import register
-from ._blocks import BlockManager
-from ._common import fits
+from ._paged import PagedPolicy
 
 
 @register
-class SlaiFaithful(Policy):
+class SlaiFaithful(PagedPolicy):
     name = "slai_faithful"
 
     def __init__(self, token_budget: int = 512, max_num_seqs: int = 128, decode_limit: int = 128,
                  block_size: int = 16, watermark: float = 0.01, tbt_s: float = 0.5,
                  theta_low: int = 5, theta_high: int = 10, kv_threshold: float = 0.96,
                  step_size: float = 0.001):
+        super().__init__(max_num_seqs, block_size, watermark)
         self.token_budget = token_budget
-        self.max_num_seqs = max_num_seqs
         self.decode_limit = decode_limit
-        self.block_size = block_size
-        self.watermark = watermark
         self.tbt_s = tbt_s              # the study's single class ("stage0_uniform") maps to 0.5 s
         self.theta_low = theta_low
         self.theta_high = theta_high
@@ -40,51 +37,44 @@ class SlaiFaithful(Policy):
         self.step_size = step_size
 
     def reset(self, view):
-        self._bm = BlockManager(view.model.max_kv_tokens, self.block_size, self.watermark)
-        self._max_seqs = min(self.max_num_seqs, view.model.max_active_sequences)
+        super().reset(view)
         self._max_kv = view.model.max_kv_tokens
         self._dt = view.model.step_s
-        self._inp = [int(x) for x in view.input_tokens]
-        self._rem: dict[int, int] = {}      # shadow prefill left, per tracked request
         self._lst: dict[int, float] = {}    # last-schedule time of decoders
-        self._last_step = None
         self._last_kv = 0                   # real KV at the start of the last call
         self._last_active = 0               # running requests at the last call
-        self._wake = math.inf
         # With a TBT this short a served decoder could turn critical on the next step: walk every step.
         self._never_skip = self.tbt_s - self.theta_high * self.step_size < 3 * self._dt
 
     def _theta(self, kv) -> int:
         return self.theta_low if kv / self._max_kv < self.kv_threshold else self.theta_high
 
-    def _sync(self, view) -> None:
-        bm, rem, lst = self._bm, self._rem, self._lst
-        running = set(view.running)
-        for r in [r for r in rem if r not in running]:
-            bm.free(r)
-            del rem[r]
-            lst.pop(r, None)
-        skipped = 0 if self._last_step is None else view.step - self._last_step - 1
-        if skipped > 0:
-            # Skipped steps had no prefill, no admission and no hold: every decoder was served (and
-            # its LST refreshed) at each of them, and no request left before the last one. So the LST
-            # is as of the last skipped step, with Θ from the real KV at its start.
-            s_last = view.step - 1
-            kv = self._last_kv + self._last_active * skipped
-            value = (s_last * self._dt + self.tbt_s) - self._theta(kv) * self.step_size
-            for r in lst:
-                lst[r] = value
-        for r in view.running:                # adopt (defensive; never fires in normal runs)
-            if r not in rem:
-                bm.allocate(r, self._inp[r])
-                rem[r] = 0
-        self._last_step = view.step
+    def _forget(self, r):
+        super()._forget(r)
+        self._lst.pop(r, None)
+
+    def _booked(self, view, r):
+        return self._inp[r]                 # the block manager holds prompts only: no decode slots
+
+    def _catch_up(self, view, skipped):
+        # Skipped steps had no prefill, no admission and no hold: every decoder was served (and
+        # its LST refreshed) at each of them, and no request left before the last one. So the LST
+        # is as of the last skipped step, with Θ from the real KV at its start.
+        s_last = view.step - 1
+        kv = self._last_kv + self._last_active * skipped
+        value = (s_last * self._dt + self.tbt_s) - self._theta(kv) * self.step_size
+        lst = self._lst
+        for r in lst:
+            lst[r] = value
+
+    def _sync(self, view):
+        super()._sync(view)
         self._last_kv = view.kv_used
         self._last_active = view.n_active
 
     def schedule(self, view):
         self._sync(view)
-        bm, rem, lst = self._bm, self._rem, self._lst
+        rem, lst = self._rem, self._lst
         now = view.now
         budget = self.token_budget
         theta = self._theta(view.kv_used)
@@ -99,36 +89,11 @@ class SlaiFaithful(Policy):
         non_critical = [r for r in decoding if not now >= lst[r]]
         served = critical[:self.decode_limit]
         used = len(served)
-        for r in prefilling:
-            chunk = min(rem[r], budget - used)
-            if chunk <= 0:
-                continue
-            rem[r] -= chunk
-            used += chunk
+        used = self._prefill(prefilling, budget, used)
         # admission, shortest prompt first (TBT is the same for every request)
-        seqs = len(decoding) + len(prefilling)
-        active, kv = view.n_active, view.kv_used
-        admit = []
-        budget_closed = False
-        for i in sorted(view.waiting, key=lambda i: (self.tbt_s, self._inp[i], i)):
-            p = self._inp[i]
-            if not bm.can_allocate(p):
-                break
-            if seqs + 1 > self._max_seqs:
-                break
-            chunk = min(p, budget - used)
-            if chunk <= 0:
-                budget_closed = True
-                break
-            if not fits(view, active, kv, p):
-                continue
-            bm.allocate(i, p)
-            rem[i] = p - chunk
-            used += chunk
-            seqs += 1
-            admit.append(i)
-            active += 1
-            kv += p
+        queue = sorted(view.waiting, key=lambda i: (self.tbt_s, self._inp[i], i))
+        admit, used, closed = self._admit(view, queue, budget=budget, used=used,
+                                          seqs=len(decoding) + len(prefilling), chunked=True)
         # non-critical decodes get only the leftover
         for r in non_critical:
             if budget - used < 1 or len(served) >= self.decode_limit:
@@ -138,7 +103,7 @@ class SlaiFaithful(Policy):
         for r in served:
             lst[r] = fresh
         hold = frozenset(decoding) - frozenset(served)
-        if (admit or hold or prefilling or critical or budget_closed or self._never_skip
+        if (admit or hold or prefilling or critical or closed == "budget" or self._never_skip
                 or any(rem.values())):
             self._wake = view.step + 1
         else:
@@ -148,6 +113,3 @@ class SlaiFaithful(Policy):
             # which the next call recomputes exactly as of the last skipped step.
             self._wake = math.inf
         return Decision(admit=admit, hold=hold)
-
-    def wake_step(self, view):
-        return self._wake

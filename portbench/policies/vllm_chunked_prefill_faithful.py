@@ -12,58 +12,25 @@ admission step on (the study's Phase-1 mode).
 
 from __future__ import annotations
 
-import math
 from collections import deque
 
-from ..sim import Decision, Policy
+from ..sim import Decision
 from . import register
-from ._blocks import BlockManager, reserve_slot
-from ._common import fits
+from ._paged import PagedPolicy
 
 
 @register
-class VllmChunkedPrefillFaithful(Policy):
+class VllmChunkedPrefillFaithful(PagedPolicy):
     name = "vllm_chunked_prefill_faithful"
 
     def __init__(self, max_num_batched_tokens: int = 512, max_num_seqs: int = 256,
                  block_size: int = 16, watermark: float = 0.01):
+        super().__init__(max_num_seqs, block_size, watermark)
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.max_num_seqs = max_num_seqs
-        self.block_size = block_size
-        self.watermark = watermark
-
-    def reset(self, view):
-        self._bm = BlockManager(view.model.max_kv_tokens, self.block_size, self.watermark)
-        self._max_seqs = min(self.max_num_seqs, view.model.max_active_sequences)
-        self._inp = [int(x) for x in view.input_tokens]
-        self._key = [(float(a), i) for i, a in enumerate(view.arrival_s)]
-        self._rem: dict[int, int] = {}      # shadow prefill left, per tracked request
-        self._last_step = None
-        self._kept: list[int] = []          # decoders that appended a slot at the last call
-        self._wake = math.inf
-
-    def _sync(self, view) -> None:
-        bm, rem = self._bm, self._rem
-        running = set(view.running)
-        for r in [r for r in rem if r not in running]:
-            bm.free(r)
-            del rem[r]
-        skipped = 0 if self._last_step is None else view.step - self._last_step - 1
-        if skipped > 0:
-            # Skipped steps had no prefill in flight and no preemption: the same decoders were
-            # scheduled at each of them, one slot each.
-            for r in self._kept:
-                if r in rem:
-                    bm.append_slot(r, skipped)
-        for r in view.running:                # adopt (defensive; never fires in normal runs)
-            if r not in rem:
-                bm.allocate(r, self._inp[r] + int(view.decoded[r]))
-                rem[r] = 0
-        self._last_step = view.step
 
     def schedule(self, view):
         self._sync(view)
-        bm, rem = self._bm, self._rem
+        rem = self._rem
         budget = self.max_num_batched_tokens
         # 1. running pass over the mixed list, oldest arrival first
         pending = deque(sorted(rem, key=self._key.__getitem__))
@@ -79,7 +46,7 @@ class VllmChunkedPrefillFaithful(Policy):
                 break
             pending.popleft()
             if rc == 0:
-                if reserve_slot(bm, c, pending, preempted, rem.__delitem__):
+                if self._reserve(c, pending, preempted):
                     kept.append(c)
                     used += 1
                     seqs += 1
@@ -89,33 +56,13 @@ class VllmChunkedPrefillFaithful(Policy):
                 seqs += 1
                 prefilled = True
         # 2. admission in queue order
-        active, kv = view.n_active, view.kv_used
-        gone = set(preempted)
-        admit = []
-        for i in view.waiting:
-            if i in gone:
-                continue
-            p = self._inp[i]
-            if not bm.can_allocate(p):
-                break
-            n = min(p, max(0, budget - used))
-            if n == 0 or seqs + 1 > self._max_seqs:
-                break
-            if not fits(view, active, kv, p):
-                continue
-            bm.allocate(i, p)
-            rem[i] = p - n
-            used += n
-            seqs += 1
-            admit.append(i)
-            active += 1
-            kv += p
+        admit = self._admit(view, view.waiting, budget=budget, used=used, seqs=seqs, chunked=True,
+                            skip=set(preempted)).admit
         self._kept = kept
         if admit or preempted or prefilled or any(rem.values()):
             self._wake = view.step + 1
         else:
-            self._wake = view.step + bm.steps_to_exhaustion(kept)
+            # Skipped steps have no prefill in flight and no preemption: the same decoders are
+            # scheduled at each of them, one slot each.
+            self._wake = view.step + self._bm.steps_to_exhaustion(kept)
         return Decision(admit=admit, preempt=preempted)
-
-    def wake_step(self, view):
-        return self._wake

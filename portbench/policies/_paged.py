@@ -1,0 +1,142 @@
+"""The state and the admission walk shared by the ``*_faithful`` policies, which keep a paged-KV
+block manager (:mod:`._blocks`) inside the policy.
+
+A :class:`PagedPolicy` tracks every running request in its block manager and in ``_rem``, the
+shadow prefill left per request (always 0 for a policy that charges whole prompts at admission).
+Each call starts with :meth:`PagedPolicy._sync`, which brings that state up to the engine's:
+
+1. requests that left the engine (completed) are freed and forgotten;
+2. the steps the engine skipped since the last call are replayed (:meth:`~PagedPolicy._catch_up`):
+   a policy lets the engine skip only steps at which nothing could change, so by default every
+   request that appended a slot at the last call (``_kept``) appended one per skipped step;
+3. running requests the policy does not track are adopted (defensive; never fires in normal runs).
+
+Admission (:meth:`PagedPolicy._admit`) walks a queue in order and *closes* at the first request
+that fails the block watermark, the sequence cap or the step's token budget; a request that fails
+only the engine's hard limits (:func:`._common.fits`) is skipped.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+from ..sim import Policy
+from ._blocks import BlockManager, reserve_slot
+from ._common import fits
+
+
+class Admission(NamedTuple):
+    admit: list                 # admitted request ids, in walk order
+    used: int                   # the step's budget used, admissions included
+    closed: str | None          # what closed the walk: "blocks", "seqs", "budget"; None if it ran out
+
+
+class PagedPolicy(Policy):
+    """A policy with a block manager (``_bm``) and shadow prefill (``_rem``) over tracked requests."""
+
+    def __init__(self, max_num_seqs: int, block_size: int, watermark: float):
+        self.max_num_seqs = max_num_seqs
+        self.block_size = block_size
+        self.watermark = watermark
+
+    def reset(self, view):
+        self._bm = BlockManager(view.model.max_kv_tokens, self.block_size, self.watermark)
+        self._max_seqs = min(self.max_num_seqs, view.model.max_active_sequences)
+        self._inp = [int(x) for x in view.input_tokens]
+        self._key = [(float(a), i) for i, a in enumerate(view.arrival_s)]   # arrival order
+        self._rem: dict[int, int] = {}      # shadow prefill left, per tracked request
+        self._last_step = None
+        self._kept: list[int] = []          # decoders that appended a slot at the last call
+        self._wake = math.inf
+
+    def wake_step(self, view):
+        return self._wake
+
+    # --- reconciliation ------------------------------------------------------------------------
+
+    def _forget(self, r: int) -> None:
+        """Drop the per-request state of ``r`` besides its blocks (freed by the caller)."""
+        del self._rem[r]
+
+    def _booked(self, view, r: int) -> int:
+        """The tokens an adopted running request holds in the block manager."""
+        return self._inp[r] + int(view.decoded[r])
+
+    def _catch_up(self, view, skipped: int) -> None:
+        """Replay ``skipped`` steps: each kept decoder appended one slot per step, none failing."""
+        for r in self._kept:
+            if r in self._rem:
+                self._bm.append_slot(r, skipped)
+
+    def _sync(self, view) -> None:
+        """Reconcile completions, replay the steps the engine skipped, adopt untracked requests."""
+        bm, rem = self._bm, self._rem
+        running = set(view.running)
+        for r in [r for r in rem if r not in running]:
+            bm.free(r)
+            self._forget(r)
+        skipped = 0 if self._last_step is None else view.step - self._last_step - 1
+        if skipped > 0:
+            self._catch_up(view, skipped)
+        for r in view.running:                # adopt (defensive; never fires in normal runs)
+            if r not in rem:
+                bm.allocate(r, self._booked(view, r))
+                rem[r] = 0
+        self._last_step = view.step
+
+    # --- the step's pieces ---------------------------------------------------------------------
+
+    def _reserve(self, c: int, pending, preempted: list) -> bool:
+        """:func:`._blocks.reserve_slot` for decoder ``c``; victims are forgotten as well."""
+        return reserve_slot(self._bm, c, pending, preempted, self._forget)
+
+    def _prefill(self, prefillers, budget: int, used: int) -> int:
+        """In-flight prefills, in the given order, take chunks from the budget left; returns ``used``."""
+        rem = self._rem
+        for r in prefillers:
+            chunk = min(rem[r], budget - used)
+            if chunk <= 0:
+                continue
+            rem[r] -= chunk
+            used += chunk
+        return used
+
+    def _admit(self, view, queue, *, budget: int, used: int, seqs: int, chunked: bool,
+               extra_tokens: int = 0, skip=()) -> Admission:
+        """Walk ``queue`` in order from ``used`` budget tokens and ``seqs`` sequences already taken.
+
+        For each request (prompt ``p``) not in ``skip`` (this step's victims), in this order:
+
+        * close ("blocks") if the block manager cannot allocate ``p + extra_tokens`` tokens;
+        * close ("seqs") if one more sequence passes the sequence cap;
+        * close ("budget") if the budget has no room: with ``chunked`` the request's first chunk is
+          ``min(p, budget - used)`` and must be positive, otherwise its whole prompt must fit;
+        * skip it if it fails the engine's hard limits (this step's victims still count there,
+          as in the study);
+        * else book ``p + extra_tokens`` tokens, leave ``p - chunk`` to prefill and count it.
+        """
+        bm, rem, inp = self._bm, self._rem, self._inp
+        active, kv = view.n_active, view.kv_used
+        admit = []
+        for i in queue:
+            if i in skip:
+                continue
+            p = inp[i]
+            if not bm.can_allocate(p + extra_tokens):
+                return Admission(admit, used, "blocks")
+            if seqs + 1 > self._max_seqs:
+                return Admission(admit, used, "seqs")
+            chunk = min(p, budget - used) if chunked else p
+            if (chunk <= 0) if chunked else (used + p > budget):
+                return Admission(admit, used, "budget")
+            if not fits(view, active, kv, p):
+                continue
+            bm.allocate(i, p + extra_tokens)
+            rem[i] = p - chunk
+            admit.append(i)
+            used += chunk
+            seqs += 1
+            active += 1
+            kv += p
+        return Admission(admit, used, None)
