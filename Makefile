@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.portbench-installed
 
-.PHONY: test book setup campaign clean-venv
+.PHONY: test book setup campaign clean-venv browser
 
 setup: $(STAMP)
 
@@ -17,8 +17,18 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
 	@touch $(STAMP)
 
-test: $(STAMP)
+test: $(STAMP) browser
 	$(BIN)/python -m pytest -q
+
+# Headless Chromium renders the built book in one smoke test. It is a system package: installed with
+# apt-get when it is missing and we may (root, Debian); otherwise that one test is skipped.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
+	  && (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) ; } \
+	  || echo "note: chromium not installed; the browser smoke test will be skipped"
+
+book: $(STAMP)
+	$(BIN)/portbench book
 
 campaign: $(STAMP)
 	$(BIN)/portbench campaign

@@ -27,6 +27,8 @@ def main():
     ap.add_argument("--limit-windows", type=int, default=None, help="windows per source")
     ap.add_argument("--policies", nargs="+", default=list(STUDY_POLICIES))
     ap.add_argument("--executor", default="local")
+    ap.add_argument("--slo-multipliers", nargs="+", type=float, default=[20.0],
+                    help="default: the base SLO only, i.e. the study's 9,360 cells")
     args = ap.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -35,7 +37,8 @@ def main():
         manifest = store.list_windows(tmp)
         if args.limit_windows:
             manifest = manifest.groupby("source").head(args.limit_windows)
-        config = CampaignConfig(policies=tuple(args.policies), window_ids=tuple(manifest["window_id"]))
+        config = CampaignConfig(policies=tuple(args.policies), window_ids=tuple(manifest["window_id"]),
+                                slo_multipliers=tuple(args.slo_multipliers))
         cpu0 = time.process_time()
         ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
@@ -49,10 +52,11 @@ def main():
 
     n_windows = len(manifest)
     n_cells = summary.n_cells
-    n_sims = n_cells + n_windows * (BISECTION_STEPS + 2)
+    n_cal = n_windows * (BISECTION_STEPS + 2) * len(args.slo_multipliers)
+    n_sims = n_cells + n_cal
     requests = n_sims * 200
     print(f"windows                  {n_windows}")
-    print(f"cells                    {n_cells}  (+ {n_windows * (BISECTION_STEPS + 2)} calibration runs)")
+    print(f"cells                    {n_cells}  (+ {n_cal} calibration runs)")
     print(f"wall time                {wall:.1f} s")
     print(f"CPU time (all processes) {cpu:.1f} s")
     print(f"cells/s (wall)           {n_cells / wall:.1f}")

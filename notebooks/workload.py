@@ -44,6 +44,20 @@ summary = desc.groupby("source").agg(
 summary.round(2)
 
 # %% [markdown]
+# The study's λ_ref beside portbench's (bisection on FIFO's 0.5% violation knee, written by the
+# campaign to `data/results/lambda_ref_<engine>.csv`):
+
+# %%
+from portbench.campaign import results_dir
+
+lam = pd.read_csv(results_dir() / f"lambda_ref_{engine_model}.csv")
+glue("lambda_max_rel_diff", float(lam["relative_difference"].max()), display=False)
+glue("lambda_n_windows", int(len(lam)), display=False)
+print(f"{len(lam)} windows; largest relative difference to the study's λ_ref: "
+      f"{lam['relative_difference'].max():.3g}")
+lam.groupby("source")[["lambda_ref", "paper_lambda_ref", "relative_difference"]].agg(["min", "max"])
+
+# %% [markdown]
 # Medians over windows for duration, rate and inter-arrival CV; means of the per-window token means;
 # the largest prompt of any window; how many prompts exceed the 2,560-token per-step budget of the
 # vLLM v0.1.0 policy (the head-of-line hypothesis of the study); the range of the study's λ_ref.

@@ -48,7 +48,7 @@ def execute_notebook(name: str, parameters: dict | None = None, out_dir: Path = 
                          f"{sorted(set(COMMON_PARAMETERS) | _declared_parameters(src))}")
     out_dir.mkdir(parents=True, exist_ok=True)
     Path(params["output_dir"]).mkdir(parents=True, exist_ok=True)
-    tmp = out_dir / f".{name}.ipynb.tmp"
+    tmp = out_dir / f".{name}.tmp.ipynb"
     try:
         papermill.execute_notebook(jupytext.read(src), str(tmp), parameters=params, kernel_name="python3",
                                    cwd=str(REPO), progress_bar=False)
@@ -73,27 +73,42 @@ def _declared_parameters(src: Path) -> set[str]:
     raise ValueError(f"{src} has no cell tagged 'parameters'")
 
 
-def build_html(strict: bool = False) -> Path:
-    """``jupyter-book build book``; with ``strict`` every Sphinx warning is an error."""
+def build_html(strict: bool = False, book_dir: Path = BOOK_DIR, quiet: bool = False) -> Path:
+    """``jupyter-book build``; with ``strict`` every Sphinx warning is an error."""
+    book_dir = Path(book_dir)
+    missing = [f"executed/{n}.ipynb" for n in available_notebooks()
+               if not (book_dir / "executed" / f"{n}.ipynb").exists()]
+    if missing:
+        raise FileNotFoundError(f"{book_dir}: notebooks not executed yet: {missing} (run `portbench book`)")
     exe = Path(sys.executable).parent / "jupyter-book"
-    cmd = [str(exe if exe.exists() else "jupyter-book"), "build", str(BOOK_DIR), "--config",
-           str(REPO / "_config.yml"), "--toc", str(BOOK_DIR / "_toc.yml")]
+    cmd = [str(exe if exe.exists() else "jupyter-book"), "build", str(book_dir), "--config",
+           str(REPO / "_config.yml"), "--toc", str(book_dir / "_toc.yml")]
     if strict:
         cmd += ["-W", "-n", "--keep-going"]
-    shutil.rmtree(BOOK_DIR / "_build" / ".doctrees", ignore_errors=True)
+    if quiet:
+        cmd += ["-q"]
+    shutil.rmtree(book_dir / "_build" / ".doctrees", ignore_errors=True)
     subprocess.run(cmd, check=True, cwd=REPO)
-    return BOOK_DIR / "_build" / "html" / "index.html"
+    return book_dir / "_build" / "html" / "index.html"
 
 
 def build_book(parameters: dict | None = None, notebooks=None, strict: bool = False,
-               progress: bool = True) -> Path:
-    """Execute the notebooks, then build the HTML; returns the path of the book's index page."""
+               progress: bool = True, book_dir: Path = BOOK_DIR) -> Path:
+    """Execute the notebooks, then build the HTML; returns the path of the book's index page.
+
+    ``book_dir`` other than ``book/`` gets a copy of the book's pages first (tests build there).
+    """
+    book_dir = Path(book_dir)
+    if book_dir.resolve() != BOOK_DIR.resolve():
+        shutil.copytree(BOOK_DIR, book_dir, dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("_build", "executed", "figures"))
+    parameters = {"output_dir": str(book_dir / "figures"), **(parameters or {})}
     names = list(notebooks or available_notebooks())
     for k, name in enumerate(names, 1):
         t0 = time.perf_counter()
         if progress:
             print(f"[{k}/{len(names)}] executing notebooks/{name}.py ...", flush=True)
-        execute_notebook(name, parameters)
+        execute_notebook(name, parameters, out_dir=book_dir / "executed")
         if progress:
             print(f"      done in {time.perf_counter() - t0:.1f} s", flush=True)
-    return build_html(strict)
+    return build_html(strict, book_dir=book_dir, quiet=not progress)

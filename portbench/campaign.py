@@ -52,7 +52,7 @@ class CampaignConfig:
     engine_model: str = "lssp"
     policies: tuple = STUDY_POLICIES
     regions: tuple = tuple(REGIONS)
-    slo_multipliers: tuple = (BASE_SLO_MULTIPLIER,)
+    slo_multipliers: tuple = (10.0, BASE_SLO_MULTIPLIER, 40.0)   # the base SLO and its sensitivity
     window_ids: tuple | None = None
     calibration_policy: str = "fifo"
 
@@ -240,9 +240,41 @@ def run_campaign(config: CampaignConfig | None = None, *, data_dir: Path | None 
     table = assemble(done.values(), config)
     path = Path(output) if output else results_path(config.engine_model, data_dir)
     store.atomic_write(path, lambda p: table.to_parquet(p, index=False))
+    stamp = campaign_stamp(config, windows, fingerprint)
+    store.atomic_write(path.with_suffix(".json"),
+                       lambda p: p.write_text(json.dumps(stamp, indent=1, sort_keys=True) + "\n"))
     write_lambda_table(table, windows, path.parent / f"lambda_ref_{config.engine_model}.csv")
     return CampaignSummary(len(table), n_new_cells, n_reused, len(windows),
                            time.perf_counter() - t0, path, table)
+
+
+def campaign_stamp(config: CampaignConfig, windows, fingerprint: str) -> dict:
+    """What a results table was computed from: config, window checksums, code fingerprint."""
+    return {"engine_model": config.engine_model, "policies": list(config.policies),
+            "regions": list(config.regions), "slo_multipliers": [float(m) for m in config.slo_multipliers],
+            "calibration_policy": config.calibration_policy, "code_fingerprint": fingerprint,
+            "windows": {w.window_id: w.meta.get("sha256", "") for w in windows}}
+
+
+def results_are_current(config: CampaignConfig, data_dir: Path | None = None) -> bool:
+    """True when the results table on disk was made by this code from these windows and config."""
+    path = results_path(config.engine_model, data_dir)
+    stamp_path = path.with_suffix(".json")
+    if not path.exists() or not stamp_path.exists():
+        return False
+    try:
+        saved = json.loads(stamp_path.read_text())
+    except ValueError:
+        return False
+    manifest = store.list_windows(data_dir)
+    if config.window_ids is not None:
+        manifest = manifest[manifest["window_id"].isin(config.window_ids)]
+    windows = {w: sha for w, sha in zip(manifest["window_id"], manifest["sha256"])}
+    current = {"engine_model": config.engine_model, "policies": list(config.policies),
+               "regions": list(config.regions), "slo_multipliers": [float(m) for m in config.slo_multipliers],
+               "calibration_policy": config.calibration_policy, "code_fingerprint": code_fingerprint(),
+               "windows": windows}
+    return saved == current
 
 
 def _execute(todo, config, fingerprint, executor, workers, address):

@@ -7,7 +7,7 @@ import argparse
 
 def _campaign(args) -> int:
     from . import store
-    from .campaign import CampaignConfig, run_campaign
+    from .campaign import CampaignConfig, results_are_current, results_path, run_campaign
     from .policies import STUDY_POLICIES
     from .regions import REGIONS
 
@@ -23,8 +23,12 @@ def _campaign(args) -> int:
         engine_model=args.engine_model,
         policies=tuple(args.policies or STUDY_POLICIES),
         regions=tuple(args.regions or REGIONS),
-        slo_multipliers=tuple(args.slo_multipliers or (20.0,)),
+        slo_multipliers=tuple(args.slo_multipliers or CampaignConfig.slo_multipliers),
         window_ids=tuple(window_ids) if window_ids else None)
+    if not args.force and not args.output and results_are_current(config, args.data_dir):
+        print(f"{results_path(config.engine_model, args.data_dir)} is up to date with this code, these "
+              f"windows and this configuration: nothing to do (--force recomputes)")
+        return 0
     summary = run_campaign(config, data_dir=args.data_dir, executor=args.executor,
                            workers=args.workers, address=args.address, progress=not args.quiet,
                            output=args.output)
@@ -67,6 +71,28 @@ def _policies(args) -> int:
     return 0
 
 
+def _book(args) -> int:
+    from . import book
+    from .campaign import CampaignConfig, results_are_current, run_campaign
+
+    if not args.skip_campaign:
+        config = CampaignConfig(engine_model=args.engine_model)
+        if results_are_current(config, args.data_dir):
+            print("campaign results are up to date: reusing them")
+        else:
+            print("running the campaign (cached windows are reused) ...")
+            print(run_campaign(config, data_dir=args.data_dir, progress=not args.quiet).line())
+    params = {"engine_model": args.engine_model}
+    if args.tiny:
+        params.update(book.TINY_PARAMETERS)
+    if args.n_resamples:
+        params["n_resamples"] = args.n_resamples
+    index = book.build_book(params, notebooks=args.notebooks, strict=args.strict,
+                            progress=not args.quiet)
+    print(f"\nThe book is at {index}")
+    return 0
+
+
 def register(sub) -> None:
     """Add the simulator's sub-commands to the ``portbench`` parser."""
     p = sub.add_parser(
@@ -80,7 +106,7 @@ def register(sub) -> None:
     p.add_argument("--engine-model", default="lssp", help="engine model")
     p.add_argument("--policies", nargs="+", help="policy ids (default: the study's 13)")
     p.add_argument("--regions", nargs="+", help="operating regions (default: all six)")
-    p.add_argument("--slo-multipliers", nargs="+", type=float, help="SLO multipliers (default: 20)")
+    p.add_argument("--slo-multipliers", nargs="+", type=float, help="SLO multipliers (default: 10 20 40; 20 is the study's base)")
     p.add_argument("--windows", nargs="+", help="window ids (default: all)")
     p.add_argument("--source", help="only the windows of this source")
     p.add_argument("--limit-windows", type=int, help="at most this many windows per source (quick runs)")
@@ -89,6 +115,8 @@ def register(sub) -> None:
     p.add_argument("--address", help="Dask scheduler address (default: start a LocalCluster)")
     p.add_argument("--workers", type=int, help="worker processes (default: all cores)")
     p.add_argument("--output", help="write the table here instead of data/results/")
+    p.add_argument("--force", action="store_true",
+                   help="recompute even if the results table is up to date (the cache is still used)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_campaign)
 
@@ -100,6 +128,20 @@ def register(sub) -> None:
     p.add_argument("--windows", nargs="+", help="window ids")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=_calibrate)
+
+    p = sub.add_parser(
+        "book", help="campaign (if needed) -> every notebook with papermill -> the HTML book",
+        description="Run the campaign unless its results are up to date, execute every notebook in "
+                    "notebooks/ with papermill into book/executed/, and build the Jupyter Book into "
+                    "book/_build/html/.")
+    p.add_argument("--engine-model", default="lssp")
+    p.add_argument("--tiny", action="store_true", help="few bootstrap resamples (CI)")
+    p.add_argument("--n-resamples", type=int, help="bootstrap resamples for every notebook")
+    p.add_argument("--notebooks", nargs="+", help="only these notebooks (file stems)")
+    p.add_argument("--skip-campaign", action="store_true", help="use the results table as it is")
+    p.add_argument("--strict", action="store_true", help="Sphinx warnings are errors")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=_book)
 
     p = sub.add_parser("policies", help="list the registered scheduling policies")
     p.set_defaults(func=_policies)

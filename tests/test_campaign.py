@@ -21,7 +21,7 @@ def small_store(data_dir, tmp_path, per_source=2):
 
 
 def config(window_ids, policies=("fifo",)):
-    return CampaignConfig(policies=policies, regions=("LOW", "KNEE", "HIGH_PRESSURE"),
+    return CampaignConfig(policies=policies, regions=("LOW", "KNEE", "HIGH_PRESSURE"), slo_multipliers=(20.0,),
                           window_ids=window_ids)
 
 
@@ -56,7 +56,7 @@ def test_killed_campaign_resumes_with_identical_results(data_dir, tmp_path):
 
     cmd = [sys.executable, "-m", "portbench.cli", "--data-dir", str(tmp_path), "campaign",
            "--policies", "fifo", "--regions", "LOW", "KNEE", "HIGH_PRESSURE", "--workers", "1",
-           "--quiet", "--windows", *ids]
+           "--slo-multipliers", "20", "--quiet", "--windows", *ids]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     shards = cache_dir("lssp", tmp_path)
     deadline = time.time() + 120
