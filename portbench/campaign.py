@@ -101,16 +101,15 @@ def cell_key(shard: str, region: str, policy: str) -> str:
 
 
 def run_window(window: Window, config: CampaignConfig, slo_multiplier: float, fingerprint: str,
-               cells: list[tuple[str, str]] | None = None) -> pd.DataFrame:
-    """Calibrate one window and simulate its (region, policy) cells; one row per cell.
+               cells: list[tuple[str, str]] | None = None, lambda_ref: float | None = None) -> pd.DataFrame:
+    """Simulate one window's (region, policy) cells under one SLO multiplier; one row per cell.
 
-    λ_ref is always found under the base SLO (the study keeps the primary load factors for its SLO
-    variants); the cells then run with deadlines for ``slo_multiplier``.
+    λ_ref is found under the base SLO when not given (the study keeps the primary load factors for
+    its SLO variants); the cells then run with deadlines for ``slo_multiplier``.
     """
     model = engine_model(config.engine_model)
     key = shard_key(window, config, slo_multiplier, fingerprint)
-    calibration = find_lambda_ref(window, policy=config.calibration_policy, model=model)
-    lam = calibration.lambda_ref
+    lam = lambda_ref if lambda_ref is not None else calibrate(window, config).lambda_ref
     variant = window if slo_multiplier == window.slo_multiplier else with_slo(window, slo_multiplier)
     if cells is None:
         cells = [(r, p) for r in config.regions for p in config.policies]
@@ -133,9 +132,12 @@ def run_window(window: Window, config: CampaignConfig, slo_multiplier: float, fi
             "n_preemptions": result.n_preemptions, "n_steps": result.n_steps,
             "cell_key": cell_key(key, region, policy),
         })
-    frame = pd.DataFrame(rows, columns=RESULT_COLUMNS)
-    frame.attrs["calibration"] = dataclasses.asdict(calibration)
-    return frame
+    return pd.DataFrame(rows, columns=RESULT_COLUMNS)
+
+
+def calibrate(window: Window, config: CampaignConfig):
+    """The window's λ_ref under the campaign's engine model and calibration policy."""
+    return find_lambda_ref(window, policy=config.calibration_policy, model=engine_model(config.engine_model))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -170,14 +172,15 @@ class CampaignSummary:
                 f"({rate:.0f} cells/s) -> {self.path}")
 
 
-def _task(window, config, slo, fingerprint, cells):
-    """Top-level (picklable) task for process pools and Dask."""
-    frame = run_window(window, config, slo, fingerprint, cells)
-    return window.window_id, slo, frame, frame.attrs["calibration"]
+def _task(window, config, fingerprint, jobs):
+    """One window: calibrate once, then each (SLO multiplier, cells) job. Picklable for pools/Dask."""
+    lam = calibrate(window, config).lambda_ref
+    return window.window_id, [(slo, run_window(window, config, slo, fingerprint, cells, lam))
+                              for slo, cells in jobs]
 
 
-def _shard_path(cdir: Path, window: Window, key: str) -> Path:
-    return cdir / f"{window.window_id}-{key[:16]}.parquet"
+def _shard_path(cdir: Path, window: Window, slo: float, key: str) -> Path:
+    return cdir / f"{window.window_id}-slo{slo:g}-{key[:16]}.parquet"
 
 
 def _read_shard(path: Path) -> pd.DataFrame | None:
@@ -206,41 +209,47 @@ def run_campaign(config: CampaignConfig | None = None, *, data_dir: Path | None 
     cdir = cache_dir(config.engine_model, data_dir)
     wanted = [(r, p) for r in config.regions for p in config.policies]
     done: dict[tuple[str, float], pd.DataFrame] = {}
-    todo = []
-    for slo in config.slo_multipliers:
-        for w in windows:
-            key = shard_key(w, config, slo, fingerprint)
-            shard = _read_shard(_shard_path(cdir, w, key))
+    keys: dict[tuple[str, float], str] = {}
+    todo: dict[str, tuple[Window, list]] = {}           # window_id -> (window, [(slo, cells)])
+    for w in windows:
+        for slo in config.slo_multipliers:
+            key = keys[(w.window_id, slo)] = shard_key(w, config, slo, fingerprint)
+            shard = _read_shard(_shard_path(cdir, w, slo, key))
             have = set() if shard is None else set(zip(shard["region"], shard["policy"]))
             missing = [c for c in wanted if c not in have]
             if shard is not None:
                 done[(w.window_id, slo)] = shard
             if missing:
-                todo.append((w, slo, key, missing))
+                todo.setdefault(w.window_id, (w, []))[1].append((slo, missing))
     n_reused = sum(len(f) for f in done.values())
-    n_new_cells = sum(len(t[3]) for t in todo)
+    n_new_cells = sum(len(cells) for _, jobs in todo.values() for _, cells in jobs)
 
-    def store_result(window_id, slo, frame, key, window):
-        old = done.get((window_id, slo))
+    def store_result(window, slo, frame):
+        old = done.get((window.window_id, slo))
         merged = frame if old is None else pd.concat([old, frame], ignore_index=True)
         merged = merged.drop_duplicates(["region", "policy"], keep="last")
-        store.atomic_write(_shard_path(cdir, window, key),
-                           lambda p: merged.to_parquet(p, index=False))
-        done[(window_id, slo)] = merged
+        path = _shard_path(cdir, window, slo, keys[(window.window_id, slo)])
+        store.atomic_write(path, lambda p: merged.to_parquet(p, index=False))
+        for stale in cdir.glob(f"{window.window_id}-slo{slo:g}-*.parquet"):   # older code or config
+            if stale != path:
+                stale.unlink(missing_ok=True)
+        done[(window.window_id, slo)] = merged
 
     bar = tqdm(total=n_new_cells, unit="cell", desc=f"campaign [{config.engine_model}]",
                disable=not progress or not todo, smoothing=0.05)
     try:
-        for window, slo, frame, key in _execute(todo, config, fingerprint, executor, workers, address):
-            store_result(window.window_id, slo, frame, key, window)
-            bar.update(len(frame))
+        for window, results in _execute(list(todo.values()), config, fingerprint, executor, workers,
+                                        address):
+            for slo, frame in results:
+                store_result(window, slo, frame)
+                bar.update(len(frame))
     finally:
         bar.close()
 
     table = assemble(done.values(), config)
     path = Path(output) if output else results_path(config.engine_model, data_dir)
     store.atomic_write(path, lambda p: table.to_parquet(p, index=False))
-    stamp = campaign_stamp(config, windows, fingerprint)
+    stamp = campaign_stamp(config, {w.window_id: w.meta.get("sha256", "") for w in windows}, fingerprint)
     store.atomic_write(path.with_suffix(".json"),
                        lambda p: p.write_text(json.dumps(stamp, indent=1, sort_keys=True) + "\n"))
     write_lambda_table(table, windows, path.parent / f"lambda_ref_{config.engine_model}.csv")
@@ -248,12 +257,12 @@ def run_campaign(config: CampaignConfig | None = None, *, data_dir: Path | None 
                            time.perf_counter() - t0, path, table)
 
 
-def campaign_stamp(config: CampaignConfig, windows, fingerprint: str) -> dict:
+def campaign_stamp(config: CampaignConfig, window_sha256: dict, fingerprint: str) -> dict:
     """What a results table was computed from: config, window checksums, code fingerprint."""
     return {"engine_model": config.engine_model, "policies": list(config.policies),
             "regions": list(config.regions), "slo_multipliers": [float(m) for m in config.slo_multipliers],
             "calibration_policy": config.calibration_policy, "code_fingerprint": fingerprint,
-            "windows": {w.window_id: w.meta.get("sha256", "") for w in windows}}
+            "windows": dict(window_sha256)}
 
 
 def results_are_current(config: CampaignConfig, data_dir: Path | None = None) -> bool:
@@ -269,33 +278,27 @@ def results_are_current(config: CampaignConfig, data_dir: Path | None = None) ->
     manifest = store.list_windows(data_dir)
     if config.window_ids is not None:
         manifest = manifest[manifest["window_id"].isin(config.window_ids)]
-    windows = {w: sha for w, sha in zip(manifest["window_id"], manifest["sha256"])}
-    current = {"engine_model": config.engine_model, "policies": list(config.policies),
-               "regions": list(config.regions), "slo_multipliers": [float(m) for m in config.slo_multipliers],
-               "calibration_policy": config.calibration_policy, "code_fingerprint": code_fingerprint(),
-               "windows": windows}
-    return saved == current
+    return saved == campaign_stamp(config, zip(manifest["window_id"], manifest["sha256"]),
+                                   code_fingerprint())
 
 
 def _execute(todo, config, fingerprint, executor, workers, address):
-    """Yield (window, slo, frame, shard key) as tasks finish, in completion order."""
+    """Yield (window, [(slo, frame)]) as window tasks finish, in completion order."""
     if not todo:
         return
-    by_id = {(w.window_id, slo): (w, key) for w, slo, key, _ in todo}
-    args = [(w, config, slo, fingerprint, cells) for w, slo, _, cells in todo]
+    by_id = {w.window_id: w for w, _ in todo}
+    args = [(w, config, fingerprint, jobs) for w, jobs in todo]
     if executor == "local":
         workers = workers or os.cpu_count() or 1
         if workers == 1:
             for a in args:
-                wid, slo, frame, _ = _task(*a)
-                yield (*by_id[(wid, slo)][:1], slo, frame, by_id[(wid, slo)][1])
+                wid, results = _task(*a)
+                yield by_id[wid], results
             return
         with cf.ProcessPoolExecutor(max_workers=workers) as pool:
-            futures = [pool.submit(_task, *a) for a in args]
-            for fut in cf.as_completed(futures):
-                wid, slo, frame, _ = fut.result()
-                w, key = by_id[(wid, slo)]
-                yield w, slo, frame, key
+            for fut in cf.as_completed([pool.submit(_task, *a) for a in args]):
+                wid, results = fut.result()
+                yield by_id[wid], results
     elif executor == "dask":
         from distributed import Client, LocalCluster, as_completed
         cluster = None
@@ -304,11 +307,9 @@ def _execute(todo, config, fingerprint, executor, workers, address):
                                    processes=True, dashboard_address=None)
         client = Client(address or cluster)
         try:
-            futures = [client.submit(_task, *a, pure=False) for a in args]
-            for fut in as_completed(futures):
-                wid, slo, frame, _ = fut.result()
-                w, key = by_id[(wid, slo)]
-                yield w, slo, frame, key
+            for fut in as_completed([client.submit(_task, *a, pure=False) for a in args]):
+                wid, results = fut.result()
+                yield by_id[wid], results
         finally:
             client.close()
             if cluster is not None:
