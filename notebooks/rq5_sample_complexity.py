@@ -91,9 +91,13 @@ def first_n(frame, column, threshold=0.9):
 need = (per_region.groupby(["source", "region"])
         .apply(lambda f: pd.Series({"top1": first_n(f, "p_top1"), "full": first_n(f, "p_full")}),
                include_groups=False).reset_index())
-glue("rq5_top1_n_median", float(need["top1"].median()), display=False)
-p10 = per_region[per_region["n"] == 10]["p_top1"] if 10 in sizes else pd.Series(dtype=float)
-glue("rq5_p_top1_at_10_median", float(p10.median()) if len(p10) else float("nan"), display=False)
+at10 = per_region[per_region["n"] == 10] if 10 in sizes else per_region.iloc[:0]
+glue("rq5_n_conditions", int(len(at10)), display=False)
+glue("rq5_unreliable_at_10", int((at10["p_top1"] < 0.9).sum()), display=False)
+glue("rq5_min_p_top1_at_10", float(at10["p_top1"].min()) if len(at10) else float("nan"), display=False)
+glue("rq5_unreliable_at_20", int((per_region[per_region["n"] == 20]["p_top1"] < 0.9).sum()), display=False)
+print(f"n = 10: top-1 recovered with probability < 0.9 in {int((at10['p_top1'] < 0.9).sum())} of "
+      f"{len(at10)} (source, region) conditions; lowest {at10['p_top1'].min():.2f}")
 need.pivot(index="region", columns="source", values="top1").reindex(regions)
 
 # %% [markdown]

@@ -6,6 +6,7 @@ copies go to ``book/executed/`` (what the book renders) and figures to ``book/fi
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -24,7 +25,7 @@ NOTEBOOKS = ("workload", "rq1_cross_source", "rq2_reversals", "rq3_cross_metric"
 
 #: Parameters every notebook accepts, with the book's defaults.
 COMMON_PARAMETERS = {"results_path": "", "engine_model": "lssp", "n_resamples": 2000, "seed": 0,
-                     "output_dir": str(FIGURES_DIR)}
+                     "output_dir": "book/figures"}      # relative to the repository (notebooks run there)
 #: Small values for CI: few resamples (the campaign table is the same).
 TINY_PARAMETERS = {"n_resamples": 50}
 
@@ -47,7 +48,7 @@ def execute_notebook(name: str, parameters: dict | None = None, out_dir: Path = 
         raise ValueError(f"notebook {name}: unknown parameter(s) {sorted(unknown)}; it takes "
                          f"{sorted(set(COMMON_PARAMETERS) | _declared_parameters(src))}")
     out_dir.mkdir(parents=True, exist_ok=True)
-    Path(params["output_dir"]).mkdir(parents=True, exist_ok=True)
+    (REPO / params["output_dir"]).mkdir(parents=True, exist_ok=True)
     tmp = out_dir / f".{name}.tmp.ipynb"
     try:
         papermill.execute_notebook(jupytext.read(src), str(tmp), parameters=params, kernel_name="python3",
@@ -82,7 +83,8 @@ def build_html(strict: bool = False, book_dir: Path = BOOK_DIR, quiet: bool = Fa
         raise FileNotFoundError(f"{book_dir}: notebooks not executed yet: {missing} (run `portbench book`)")
     exe = Path(sys.executable).parent / "jupyter-book"
     cmd = [str(exe if exe.exists() else "jupyter-book"), "build", str(book_dir), "--config",
-           str(REPO / "_config.yml"), "--toc", str(book_dir / "_toc.yml")]
+           str(REPO / "_config.yml"), "--toc", str(book_dir / "_toc.yml"),
+           "--path-output", str(book_dir)]
     if strict:
         cmd += ["-W", "-n", "--keep-going"]
     if quiet:
@@ -102,7 +104,7 @@ def build_book(parameters: dict | None = None, notebooks=None, strict: bool = Fa
     if book_dir.resolve() != BOOK_DIR.resolve():
         shutil.copytree(BOOK_DIR, book_dir, dirs_exist_ok=True,
                         ignore=shutil.ignore_patterns("_build", "executed", "figures"))
-    parameters = {"output_dir": str(book_dir / "figures"), **(parameters or {})}
+    parameters = {"output_dir": os.path.relpath(book_dir / "figures", REPO), **(parameters or {})}
     names = list(notebooks or available_notebooks())
     for k, name in enumerate(names, 1):
         t0 = time.perf_counter()
