@@ -54,13 +54,14 @@ def random_prompt(n_tokens: int, vocab_size: int, rng: np.random.Generator) -> l
 
 
 def to_run_result(window: Window, policy: str, engine: str, *, admit_s, first_token_s, finish_s,
-                  duration_s: float) -> RunResult:
+                  duration_s: float, n_steps: int = 0, n_preemptions: int = 0) -> RunResult:
     """Wrap measured per-request times (seconds from the replay's t = 0; NaN = never) as a RunResult."""
     f = lambda a: np.asarray(a, dtype=np.float64)  # noqa: E731
     return RunResult(window.window_id, policy, engine, window.arrival_s, window.deadline_s,
                      window.input_tokens, window.output_tokens, np.ones(len(window)),
                      admit_s=f(admit_s), first_token_s=f(first_token_s), finish_s=f(finish_s),
-                     duration_s=float(duration_s), n_steps=0, n_preemptions=0)
+                     duration_s=float(duration_s), n_steps=int(n_steps),
+                     n_preemptions=int(n_preemptions))
 
 
 def environment(engine: str, engine_version: str, shape: ModelShape, device: str) -> dict:
