@@ -71,30 +71,45 @@ def find_real_lambda_ref(window: Window, replay, *, lo: float, hi: float, steps:
 
 
 def run_case(backend_name: str, *, n_per_source: int = 10, sources=CASE_SOURCES,
-             policies=CASE_POLICIES, region: str = CASE_REGION, lambda_bracket=(0.05, 50.0),
-             bisection_steps: int = 6, tag: str | None = None, data_dir: Path | None = None,
-             progress: bool = True, **engine_kwargs) -> pd.DataFrame:
-    """Calibrate and replay the case on a real engine; writes raw and summary files, returns runs."""
+             policies=CASE_POLICIES, region: str = CASE_REGION, speed_ratio: float = 1.0,
+             bracket_factor: float = 8.0, bisection_steps: int = 5, time_budget_s: float | None = None,
+             tag: str | None = None, data_dir: Path | None = None, progress: bool = True,
+             **engine_kwargs) -> pd.DataFrame:
+    """Calibrate and replay the case on a real engine; returns the per-run table.
+
+    λ_ref on the real engine is bracketed around ``speed_ratio`` × the simulator's λ_ref (a real
+    engine that serves a request ``r`` times slower than the simulator's 1 ms per token has its knee
+    about ``r`` times lower), within a factor ``bracket_factor`` either way, then bisected
+    ``bisection_steps`` times. Results are written after every window (atomically), so a run that is
+    stopped — or that reaches ``time_budget_s`` — keeps what it finished. Windows are taken in
+    manifest order, interleaving sources, so a partial run covers every source.
+    """
+    import time
+
     from tqdm.auto import tqdm
 
     mod = backend(backend_name)
     tag = tag or f"{backend_name}_case"
-    windows = [w for s in sources for w in store.load_windows(data_dir, s)[:n_per_source]]
-    runs, requests, probes, info = [], [], [], None
-    bar = tqdm(total=len(windows) * (len(policies) + bisection_steps + 2), unit="run",
-               desc=f"RQ6 [{backend_name}]", disable=not progress)
+    per_source = [store.load_windows(data_dir, s)[:n_per_source] for s in sources]
+    windows = [w for group in zip(*per_source) for w in group]
+    out = realengine_dir(data_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    runs, requests, probes, info = [], [], [], {}
+    t_start = time.perf_counter()
+    bar = tqdm(total=len(windows), unit="window", desc=f"RQ6 [{backend_name}]", disable=not progress)
     for w in windows:
-        lam, p = find_real_lambda_ref(w, mod.replay, lo=lambda_bracket[0], hi=lambda_bracket[1],
+        if time_budget_s is not None and time.perf_counter() - t_start > time_budget_s:
+            print(f"time budget of {time_budget_s:.0f} s reached: stopping after {len(runs) // len(policies)} windows")
+            break
+        guess = float(w.meta.get("paper_lambda_ref", 1.0)) * speed_ratio
+        lam, p = find_real_lambda_ref(w, mod.replay, lo=guess / bracket_factor, hi=guess * bracket_factor,
                                       steps=bisection_steps, **engine_kwargs)
         probes += p
-        bar.update(len(p))
         scaled = scale(w, REGIONS[region] * lam)
         for policy in policies:
             result, info = mod.replay(scaled, policy, **engine_kwargs)
-            bar.update(1)
             runs.append({"source": w.source, "window_id": w.window_id, "region": region,
-                         "slo_multiplier": w.slo_multiplier,
-                         "policy": policy, "lambda_ref_real": lam,
+                         "slo_multiplier": w.slo_multiplier, "policy": policy, "lambda_ref_real": lam,
                          "lambda_ref_sim": w.meta.get("paper_lambda_ref", np.nan),
                          "load_factor": REGIONS[region] * lam, "wall_s": info.get("wall_s", np.nan),
                          **cell_metrics(result)})
@@ -104,20 +119,22 @@ def run_case(backend_name: str, *, n_per_source: int = 10, sources=CASE_SOURCES,
                 "input_tokens": result.input_tokens, "output_tokens": result.output_tokens,
                 "admit_s": result.admit_s, "first_token_s": result.first_token_s,
                 "finish_s": result.finish_s}))
-    bar.close()
-    out = realengine_dir(data_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    runs_frame = pd.DataFrame(runs)
-    store.atomic_write(out / f"{tag}_runs.parquet", lambda p: runs_frame.to_parquet(p, index=False))
-    req_frame = pd.concat(requests, ignore_index=True)
-    store.atomic_write(out / f"{tag}_requests.parquet", lambda p: req_frame.to_parquet(p, index=False))
-    probe_frame = pd.DataFrame(probes)
-    store.atomic_write(out / f"{tag}_calibration.parquet", lambda p: probe_frame.to_parquet(p, index=False))
-    meta = {"backend": backend_name, "case": {"policies": list(policies), "region": region,
-                                              "sources": list(sources), "n_per_source": n_per_source,
-                                              "lambda_bracket": list(lambda_bracket),
-                                              "bisection_steps": bisection_steps},
+        _write_case(out, tag, runs, requests, probes, {
+            "backend": backend_name,
+            "case": {"policies": list(policies), "region": region, "sources": list(sources),
+                     "n_per_source": n_per_source, "speed_ratio": speed_ratio,
+                     "bracket_factor": bracket_factor, "bisection_steps": bisection_steps},
             "engine_kwargs": {k: repr(v) for k, v in engine_kwargs.items()},
-            "environment": (info or {}).get("environment", {})}
+            "environment": info.get("environment", {}),
+            "engine_info": {k: v for k, v in info.items() if isinstance(v, (str, int, float, bool))}})
+        bar.update(1)
+    bar.close()
+    return pd.DataFrame(runs)
+
+
+def _write_case(out: Path, tag: str, runs, requests, probes, meta) -> None:
+    frames = {"runs": pd.DataFrame(runs), "requests": pd.concat(requests, ignore_index=True),
+              "calibration": pd.DataFrame(probes)}
+    for name, frame in frames.items():
+        store.atomic_write(out / f"{tag}_{name}.parquet", lambda p, f=frame: f.to_parquet(p, index=False))
     store.atomic_write(out / f"{tag}.json", lambda p: p.write_text(json.dumps(meta, indent=1, default=str)))
-    return runs_frame
