@@ -87,6 +87,12 @@ all_sim = sim_table[(sim_table["region"] == CASE_REGION) & (sim_table["policy"].
                     & (sim_table["slo_multiplier"] == 20.0)]
 frames.append(case_deltas(all_sim, f"simulator ({engine_model}), all 40 windows"))
 deltas = pd.concat(frames + [original], ignore_index=True)
+for _, r in deltas.iterrows():
+    label = r["engine"].split(" ")[0] if r["engine"].startswith("simulator") else r["engine"]
+    if r["engine"].startswith("simulator") and "all 40" not in r["engine"]:
+        continue
+    key = "sim" if label == "simulator" else ("original" if label.startswith("original") else label)
+    glue(f"rq6_{key}_{r['source']}", float(r["delta_slai_minus_vllm"]), display=False)
 deltas.round(3)
 
 # %%
@@ -131,5 +137,21 @@ sim_rev = stats.reversals(sim_table, "anwg", CASE_REGION, policies=CASE_POLICIES
 verdicts.append(sim_rev.assign(engine=f"simulator ({engine_model})"))
 verdict = pd.concat(verdicts, ignore_index=True)
 glue("rq6_n_real_engines", len(run_files), display=False)
+
+from IPython.display import Markdown, display
+
+lines = []
+for engine, g in verdict.groupby("engine", sort=False):
+    case = g[(g["source_x"] == "azure_llm_2024") & (g["source_y"] == "burstgpt")]
+    control = g[(g["source_x"] == "azure_llm_2024") & (g["source_y"] == "bailian_qwen")]
+    if case.empty:
+        continue
+    c = case.iloc[0]
+    sentence = (f"**{engine}**: SLAI − vLLM ANWG is {c['delta_x']:+.3f} on Azure and {c['delta_y']:+.3f} on "
+                f"BurstGPT; the classifier calls the case **{c['cls']}**")
+    if not control.empty:
+        sentence += f", the Azure–Bailian control **{control.iloc[0]['cls']}**"
+    lines.append("- " + sentence + ".")
+display(Markdown("\n".join(lines) or "No real-engine results yet."))
 verdict[["engine", "source_x", "source_y", "delta_x", "delta_y", "ci_low_x", "ci_high_x", "ci_low_y",
          "ci_high_y", "cls"]].round(3)

@@ -21,16 +21,17 @@ import numpy as np
 import pandas as pd
 
 from . import sim, store
+from .engine_v1 import VllmV1Model
 from .metrics import METRICS, cell_metrics
 from .policies import STUDY_POLICIES, make_policy
 from .regions import REGIONS, find_lambda_ref
 from .workload import BASE_SLO_MULTIPLIER, Window, scale, with_slo
 
 #: Engine models by name (the campaign's ``engine_model`` parameter).
-ENGINE_MODELS = {"lssp": sim.LsspModel}
+ENGINE_MODELS = {"lssp": sim.LsspModel, "vllm_v1": VllmV1Model}
 
 #: Modules whose source decides a cell's numbers; their hash is part of every cache key.
-_RESULT_MODULES = ("sim.py", "workload.py", "metrics.py", "regions.py", "policies")
+_RESULT_MODULES = ("sim.py", "engine_v1.py", "workload.py", "metrics.py", "regions.py", "policies")
 
 IDENTITY_COLUMNS = ["source", "window_id", "region", "region_factor", "lambda_ref", "load_factor",
                     "policy", "slo_multiplier", "engine_model"]

@@ -43,6 +43,9 @@ class LsspModel:
     max_kv_tokens: int = 131072
     drain_steps: int = 50_000
 
+    def make_engine(self, window, policy, priority=None):
+        return _Engine(window, policy, self, priority)
+
 
 @dataclasses.dataclass
 class Decision:
@@ -98,6 +101,9 @@ class Policy:
     """
 
     name: ClassVar[str] = ""
+    #: True when the policy's timers (:meth:`wake_step`) convert times to steps with the model's fixed
+    #: ``step_s``: an engine model whose steps vary in length then walks every step for it.
+    timers_assume_fixed_steps: ClassVar[bool] = False
 
     def reset(self, view: EngineView) -> None:
         """Called once before a run."""
@@ -299,6 +305,6 @@ class _Engine:
 def simulate(window: Window, policy: Policy, model=None, *, event_skipping: bool = True,
              priority=None) -> RunResult:
     """Replay ``window`` (already scaled) under ``policy`` on ``model`` (default: the study's)."""
-    engine = _Engine(window, policy, model or LsspModel(), priority)
+    engine = (model or LsspModel()).make_engine(window, policy, priority)
     engine.run(event_skipping=event_skipping)
     return engine.result(window)

@@ -44,3 +44,28 @@ def test_event_skipping_equals_step_by_step(policy, case):
     fast = sim.simulate(window, make_policy(policy), model, event_skipping=True)
     slow = sim.simulate(window, make_policy(policy), model, event_skipping=False)
     assert_same(fast, slow)
+
+
+@st.composite
+def v1_workloads(draw):
+    from portbench.engine_v1 import StepCost, VllmV1Model
+    window, lssp = draw(workloads())
+    cost = StepCost(fixed_s=draw(st.sampled_from([1e-3, 5.75e-3])),
+                    per_prefill_token_s=draw(st.sampled_from([0.0, 17.3e-6])),
+                    per_decode_seq_s=draw(st.sampled_from([0.0, 6e-6])),
+                    per_context_token_s=draw(st.sampled_from([0.0, 1e-8, 3e-7])))
+    model = VllmV1Model(max_num_batched_tokens=draw(st.sampled_from([16, 64, 512])),
+                        max_active_sequences=lssp.max_active_sequences,
+                        max_kv_tokens=lssp.max_kv_tokens, block_size=draw(st.sampled_from([4, 16])),
+                        cost=cost, drain_steps=lssp.drain_steps)
+    return window, model
+
+
+@pytest.mark.parametrize("policy", available())
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=v1_workloads())
+def test_vllm_v1_event_skipping_equals_step_by_step(policy, case):
+    window, model = case
+    fast = sim.simulate(window, make_policy(policy), model, event_skipping=True)
+    slow = sim.simulate(window, make_policy(policy), model, event_skipping=False)
+    assert_same(fast, slow)

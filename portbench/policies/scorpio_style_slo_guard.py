@@ -46,6 +46,7 @@ class ScorpioStyleSloGuard(Policy):
     """
 
     name = "scorpio_style_slo_guard"
+    timers_assume_fixed_steps = True      # its timers count 1 ms steps
 
     #: Laxity (s) below which a long-decode request passes the filter of step 5 (fixed in the study).
     LONG_DECODE_UNLOCK_LAXITY_S = 0.5

@@ -22,6 +22,7 @@ from ._paged import PagedPolicy
 @register
 class SlaiFaithful(PagedPolicy):
     name = "slai_faithful"
+    timers_assume_fixed_steps = True      # its timers count 1 ms steps
 
     def __init__(self, token_budget: int = 512, max_num_seqs: int = 128, decode_limit: int = 128,
                  block_size: int = 16, watermark: float = 0.01, tbt_s: float = 0.5,
