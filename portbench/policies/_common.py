@@ -28,7 +28,10 @@ def admit_in_order(view, ranked, accept=None, kv_charge=None, limit=None) -> lis
     """
     active, kv = view.n_active, view.kv_used
     admitted = []
+    slots = view.model.max_active_sequences
     for i in ranked:
+        if active >= slots:          # no sequence slot left: nothing further can fit
+            break
         charge = int(view.input_tokens[i]) if kv_charge is None else kv_charge(i)
         if not fits(view, active, kv, charge):
             continue
