@@ -304,3 +304,35 @@ def test_event_skipping_cases_exercise_the_timers(name):
         assert holds > 0 and preemptions == 0
     else:
         assert preemptions > 0
+
+
+def test_vllm_faithful_oversize_ablation():
+    """A 3,000-token prompt at the head blocks everything under the study's rule; 'reject' drops it
+    and serves the rest; 'chunk' admits it alone, then the rest."""
+    from portbench.workload import make_window
+    w = make_window("hol", "t", [0.0, 0.0, 0.0], [3000, 10, 10], [2, 2, 2], [2, 2, 2])
+    model = sim.LsspModel(drain_steps=100)
+    block = sim.simulate(w, make_policy("vllm_faithful"), model)
+    assert block.completed.tolist() == [False, False, False]
+    reject = sim.simulate(w, make_policy("vllm_faithful", oversize="reject"), model)
+    assert reject.completed.tolist() == [False, True, True]
+    assert reject.admit_s[1] == 0.0 and reject.admit_s[2] == 0.0
+    chunk = sim.simulate(w, make_policy("vllm_faithful", oversize="chunk"), model)
+    assert chunk.completed.tolist() == [True, True, True]
+    assert chunk.admit_s[0] == 0.0 and chunk.admit_s[1] > 0.0      # the oversize prompt took the budget
+    with pytest.raises(ValueError, match="oversize"):
+        make_policy("vllm_faithful", oversize="drop")
+
+
+@pytest.mark.parametrize("oversize", ["reject", "chunk"])
+def test_vllm_faithful_oversize_variants_skip_exactly(oversize):
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        n = 30
+        w = make_window("r", "t", np.cumsum(rng.exponential(0.002, n)), rng.integers(1, 4000, n),
+                        rng.integers(1, 40, n), rng.integers(1, 40, n))
+        model = sim.LsspModel(max_active_sequences=8, max_kv_tokens=20000, drain_steps=300)
+        fast = sim.simulate(w, make_policy("vllm_faithful", oversize=oversize), model)
+        slow = sim.simulate(w, make_policy("vllm_faithful", oversize=oversize), model, event_skipping=False)
+        for f in ("admit_s", "first_token_s", "finish_s"):
+            np.testing.assert_array_equal(getattr(fast, f), getattr(slow, f))

@@ -103,7 +103,7 @@ class PagedPolicy(Policy):
         return used
 
     def _admit(self, view, queue, *, budget: int, used: int, seqs: int, chunked: bool,
-               extra_tokens: int = 0, skip=()) -> Admission:
+               extra_tokens: int = 0, skip=(), oversize_chunked: bool = False) -> Admission:
         """Walk ``queue`` in order from ``used`` budget tokens and ``seqs`` sequences already taken.
 
         For each request (prompt ``p``) not in ``skip`` (this step's victims), in this order:
@@ -111,7 +111,9 @@ class PagedPolicy(Policy):
         * close ("blocks") if the block manager cannot allocate ``p + extra_tokens`` tokens;
         * close ("seqs") if one more sequence passes the sequence cap;
         * close ("budget") if the budget has no room: with ``chunked`` the request's first chunk is
-          ``min(p, budget - used)`` and must be positive, otherwise its whole prompt must fit;
+          ``min(p, budget - used)`` and must be positive, otherwise its whole prompt must fit —
+          except, with ``oversize_chunked``, a prompt larger than the whole budget, which takes what
+          is left of it (an ablation, not the study's rule);
         * skip it if it fails the engine's hard limits (this step's victims still count there,
           as in the study);
         * else book ``p + extra_tokens`` tokens, leave ``p - chunk`` to prefill and count it.
@@ -127,13 +129,18 @@ class PagedPolicy(Policy):
                 return Admission(admit, used, "blocks")
             if seqs + 1 > self._max_seqs:
                 return Admission(admit, used, "seqs")
-            chunk = min(p, budget - used) if chunked else p
-            if (chunk <= 0) if chunked else (used + p > budget):
+            if chunked or (oversize_chunked and p > budget):
+                chunk = min(p, budget - used)
+                closed = chunk <= 0
+            else:
+                chunk = p
+                closed = used + p > budget
+            if closed:
                 return Admission(admit, used, "budget")
             if not fits(view, active, kv, p):
                 continue
             bm.allocate(i, p + extra_tokens)
-            rem[i] = p - chunk
+            rem[i] = p - chunk if chunked else 0
             admit.append(i)
             used += chunk
             seqs += 1

@@ -6,6 +6,12 @@ the queue front), or itself when none is left. Then the queue is walked in order
 **closes** at the first request that fails the block watermark (``prompt + 1`` tokens), the token
 budget (Σ admitted prompts + #running ≤ 2560) or the sequence cap; a request that fails only the
 engine's hard limits is skipped. No prefill modelling: the whole prompt is charged at admission.
+
+``oversize`` (an ablation of the head-of-line hypothesis; the study's rule is ``"block"``): what
+happens to a prompt larger than the whole budget, which under ``"block"`` closes admission for good
+once it reaches the head of the queue. ``"reject"``: such requests are never admitted and never
+block (they count as not completed); ``"chunk"``: such a prompt is admitted alone, taking what is
+left of the step's budget, as a chunked-prefill engine would.
 """
 
 from __future__ import annotations
@@ -16,15 +22,20 @@ from ..sim import Decision
 from . import register
 from ._paged import PagedPolicy
 
+OVERSIZE = ("block", "reject", "chunk")
+
 
 @register
 class VllmFaithful(PagedPolicy):
     name = "vllm_faithful"
 
     def __init__(self, max_num_batched_tokens: int = 2560, max_num_seqs: int = 256,
-                 block_size: int = 16, watermark: float = 0.01):
+                 block_size: int = 16, watermark: float = 0.01, oversize: str = "block"):
         super().__init__(max_num_seqs, block_size, watermark)
+        if oversize not in OVERSIZE:
+            raise ValueError(f"oversize must be one of {OVERSIZE}, got {oversize!r}")
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.oversize = oversize
 
     def schedule(self, view):
         self._sync(view)
@@ -36,8 +47,13 @@ class VllmFaithful(PagedPolicy):
             if self._reserve(c, pending, preempted):
                 kept.append(c)
         # 2. admission in queue order, whole prompts plus the first slot; each kept request takes 1 token
-        admit = self._admit(view, view.waiting, budget=self.max_num_batched_tokens, used=len(kept),
-                            seqs=len(kept), chunked=False, extra_tokens=1, skip=set(preempted)).admit
+        budget = self.max_num_batched_tokens
+        queue = view.waiting
+        if self.oversize == "reject":
+            queue = [i for i in queue if self._inp[i] <= budget]
+        admit = self._admit(view, queue, budget=budget, used=len(kept), seqs=len(kept), chunked=False,
+                            extra_tokens=1, skip=set(preempted),
+                            oversize_chunked=self.oversize == "chunk").admit
         self._kept = kept
         if admit or preempted:
             self._wake = view.step + 1
