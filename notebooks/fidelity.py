@@ -40,6 +40,8 @@ import numpy as np
 import pandas as pd
 from myst_nb import glue
 
+from IPython.display import display
+
 from portbench import fidelity, store
 from portbench.campaign import load_results, results_path as campaign_path
 from portbench.engine_v1 import StepCost

@@ -4,7 +4,6 @@ head-of-line ablation of ``vllm_faithful``.
 
 from __future__ import annotations
 
-import itertools
 
 import numpy as np
 import pandas as pd

@@ -1,6 +1,5 @@
 """Campaign: cache reuse, resume after a kill, and identical results on every executor."""
 
-import os
 import shutil
 import signal
 import subprocess

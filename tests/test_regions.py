@@ -1,6 +1,5 @@
 """λ_ref: the engine model and FIFO are the study's if every window's knee matches its own."""
 
-import numpy as np
 import pytest
 
 from portbench import store
