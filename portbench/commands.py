@@ -93,6 +93,21 @@ def _book(args) -> int:
     return 0
 
 
+def _realengine_case(args) -> int:
+    from .realengine.study import run_case
+    runs = run_case(args.backend, n_per_source=args.windows_per_source,
+                    bisection_steps=args.bisection_steps, speed_ratio=args.speed_ratio,
+                    time_budget_s=args.budget_s, tag=args.tag, data_dir=args.data_dir,
+                    progress=not args.quiet)
+    print(f"{len(runs)} runs -> data/results/realengine/{args.tag or args.backend + '_case'}_*")
+    return 0
+
+
+def _realengine_gpu(args) -> int:
+    from .realengine import gpu
+    return gpu.run(args)
+
+
 def register(sub) -> None:
     """Add the simulator's sub-commands to the ``portbench`` parser."""
     p = sub.add_parser(
@@ -142,6 +157,28 @@ def register(sub) -> None:
     p.add_argument("--strict", action="store_true", help="Sphinx warnings are errors")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=_book)
+
+    p = sub.add_parser("realengine", help="replay the study's RQ6 case on a real serving engine",
+                       description="The RQ6 case (slai_faithful vs vllm_faithful at HIGH_PRESSURE, Azure vs "
+                                   "BurstGPT, Bailian as control) replayed in real time on a real engine.")
+    rsub = p.add_subparsers(dest="realengine_command", required=True, metavar="ACTION")
+    q = rsub.add_parser("case", help="real-engine λ_ref, then the case and the control, on this machine",
+                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    q.add_argument("--backend", choices=["transformers", "vllm"], required=True,
+                   help="vllm needs the vLLM environment (.venv-vllm)")
+    q.add_argument("--windows-per-source", type=int, default=10)
+    q.add_argument("--bisection-steps", type=int, default=5)
+    q.add_argument("--speed-ratio", type=float, default=1.0,
+                   help="bracket the λ_ref search around the simulator's λ_ref times this")
+    q.add_argument("--budget-s", type=float, default=None, help="stop starting windows after this long")
+    q.add_argument("--tag", help="file prefix (default: <backend>_case)")
+    q.add_argument("--quiet", action="store_true")
+    q.set_defaults(func=_realengine_case)
+    from .realengine import gpu
+    q = rsub.add_parser("gpu", help="the prepared GPU run: tune the engine, profile its steps, run the case",
+                        parents=[gpu.build_parser(add_help=False)], description=gpu.__doc__,
+                        formatter_class=argparse.RawDescriptionHelpFormatter, conflict_handler="resolve")
+    q.set_defaults(func=_realengine_gpu)
 
     p = sub.add_parser("policies", help="list the registered scheduling policies")
     p.set_defaults(func=_policies)

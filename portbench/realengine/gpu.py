@@ -79,8 +79,9 @@ def tune(mod, shape, device, configs, burst, model, budget_s):
     return best, rows
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser(add_help: bool = True) -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 add_help=add_help)
     ap.add_argument("--device", default="cuda", help="cuda or cpu")
     ap.add_argument("--tiny", action="store_true", help="a tiny model (CPU end-to-end test)")
     ap.add_argument("--budget-s", type=float, default=480.0, help="wall-clock budget for all phases")
@@ -89,7 +90,15 @@ def main(argv=None) -> int:
     ap.add_argument("--burst", type=int, default=96, help="requests in the tuning burst")
     ap.add_argument("--tag", default=None, help="file prefix (default: transformers_<device>)")
     ap.add_argument("--data-dir", type=Path, default=None)
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> int:
+    return run(build_parser().parse_args(argv))
+
+
+def run(args) -> int:
+    """The three phases, for parsed arguments (see :func:`build_parser`)."""
 
     from . import transformers_backend as mod
 
