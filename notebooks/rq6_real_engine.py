@@ -38,6 +38,7 @@ from myst_nb import glue
 
 from portbench import stats
 from portbench.campaign import load_results
+from portbench.realengine import study
 from portbench.realengine.study import CASE_POLICIES, CASE_REGION, realengine_dir, run_case
 
 Path(output_dir).mkdir(parents=True, exist_ok=True)
@@ -65,20 +66,7 @@ original
 
 # %%
 def case_deltas(runs: pd.DataFrame, label: str) -> pd.DataFrame:
-    """Per source: mean SLAI − vLLM ANWG over paired windows, with a percentile bootstrap CI."""
-    rng = np.random.default_rng(seed)
-    rows = []
-    for source, g in runs.groupby("source"):
-        wide = g.pivot_table(index="window_id", columns="policy", values="anwg")
-        if not set(CASE_POLICIES) <= set(wide.columns):
-            continue
-        d = (wide[CASE_POLICIES[0]] - wide[CASE_POLICIES[1]]).dropna().to_numpy()
-        boot = rng.choice(d, size=(n_resamples, len(d)), replace=True).mean(axis=1) if len(d) else d
-        rows.append({"source": source, "engine": label, "n_windows": len(d),
-                     "delta_slai_minus_vllm": d.mean() if len(d) else np.nan,
-                     "ci_low": np.quantile(boot, 0.025) if len(d) else np.nan,
-                     "ci_high": np.quantile(boot, 0.975) if len(d) else np.nan})
-    return pd.DataFrame(rows)
+    return study.case_deltas(runs, label, n_resamples=n_resamples, seed=seed)
 
 frames = []
 for f in run_files:

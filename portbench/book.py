@@ -43,10 +43,10 @@ def execute_notebook(name: str, parameters: dict | None = None, out_dir: Path = 
     if not src.exists():
         raise FileNotFoundError(f"no notebook {src}; notebooks: {', '.join(available_notebooks())}")
     params = {**COMMON_PARAMETERS, **(parameters or {})}
-    unknown = set(params) - set(COMMON_PARAMETERS) - _declared_parameters(src)
+    accepted = set(COMMON_PARAMETERS) | _declared_parameters(src)
+    unknown = set(params) - accepted
     if unknown:
-        raise ValueError(f"notebook {name}: unknown parameter(s) {sorted(unknown)}; it takes "
-                         f"{sorted(set(COMMON_PARAMETERS) | _declared_parameters(src))}")
+        raise ValueError(f"notebook {name}: unknown parameter(s) {sorted(unknown)}; it takes {sorted(accepted)}")
     out_dir.mkdir(parents=True, exist_ok=True)
     (REPO / params["output_dir"]).mkdir(parents=True, exist_ok=True)
     tmp = out_dir / f".{name}.tmp.ipynb"

@@ -60,13 +60,13 @@ def _calibrate(args) -> int:
 
 
 def _policies(args) -> int:
-    from .policies import PRIMARY_PANEL, available, make_policy
+    import sys
+
+    from .policies import PRIMARY_PANEL, ROBUSTNESS_PANEL, available, make_policy
     for name in available():
-        doc = (type(make_policy(name)).__module__)
-        import importlib
-        summary = (importlib.import_module(doc).__doc__ or "").strip().splitlines()[0]
-        panel = "primary" if name in PRIMARY_PANEL else "robustness" if name in (
-            "vllm_style_token_budget", "scorpio_style_slo_guard") else "extra"
+        doc = sys.modules[type(make_policy(name)).__module__].__doc__ or ""
+        summary = doc.strip().splitlines()[0] if doc.strip() else ""
+        panel = "primary" if name in PRIMARY_PANEL else "robustness" if name in ROBUSTNESS_PANEL else "extra"
         print(f"{name:32s} {panel:10s} {summary}")
     return 0
 

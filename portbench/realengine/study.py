@@ -29,6 +29,27 @@ CASE_REGION = "HIGH_PRESSURE"
 CASE_SOURCES = ("azure_llm_2024", "burstgpt", "bailian_qwen")   # Bailian: the stable control
 
 
+def case_deltas(runs: pd.DataFrame, label: str, *, policies=CASE_POLICIES, metric: str = "anwg",
+                n_resamples: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """Per source: mean ``policies[0] − policies[1]`` difference of ``metric`` over paired windows,
+    with a percentile bootstrap 95% CI (windows resampled with replacement; one seeded generator)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for source, g in runs.groupby("source"):
+        wide = g.pivot_table(index="window_id", columns="policy", values=metric)
+        if not set(policies) <= set(wide.columns):
+            continue
+        d = (wide[policies[0]] - wide[policies[1]]).dropna().to_numpy()
+        if len(d):
+            boot = rng.choice(d, size=(n_resamples, len(d)), replace=True).mean(axis=1)
+            mean, low, high = d.mean(), np.quantile(boot, 0.025), np.quantile(boot, 0.975)
+        else:
+            mean = low = high = np.nan
+        rows.append({"source": source, "engine": label, "n_windows": len(d),
+                     "delta_slai_minus_vllm": mean, "ci_low": low, "ci_high": high})
+    return pd.DataFrame(rows)
+
+
 def backend(name: str):
     """The backend module (``replay``, ``step_profile``) for ``name``."""
     if name not in BACKENDS:
