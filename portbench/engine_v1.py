@@ -32,9 +32,10 @@ from typing import ClassVar
 
 import numpy as np
 
-from .sim import NOTHING, EngineView, Policy, RunResult
+from .sim import Decision, EngineView, Policy, RunResult
 
 PS = 10 ** 12          # picoseconds per second
+_NO_DECISION = Decision()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,32 +115,55 @@ class _V1Engine:
         self.first_ps = [-1] * n
         self.finish_ps = [-1] * n
         self.waiting: list[int] = []
+        self.is_waiting = [False] * n
         self.running: list[int] = []
         self.step = 0
         self.t_ps = 0
         self.last_step_start_ps = 0
         self.n_preemptions = 0
         self._c = model.cost.picoseconds()
+        self._kv = 0                    # Σ computed tokens over running requests
+        self._wait_min = None           # smallest target over waiting requests (None: not known)
+        self._admission_only = getattr(policy, "admission_only", False)
 
     # the view's interface
     def kv_used(self) -> int:
-        return sum(self.computed[i] for i in self.running)
+        return self._kv
 
     @property
     def now(self) -> float:
         return self.t_ps / PS
 
-    def _blocks_for(self, tokens: int) -> int:
-        return -(-tokens // self.model.block_size)
+    def _enqueue(self, i: int, front: bool = False) -> None:
+        if front:
+            self.waiting.insert(0, i)
+        else:
+            self.waiting.append(i)
+        self.is_waiting[i] = True
+        if self._wait_min is not None and self.target[i] < self._wait_min:
+            self._wait_min = self.target[i]
 
     def _preempt(self, i: int) -> None:
         self.running.remove(i)
+        self._kv -= self.computed[i]
         self.free_blocks += self.blocks[i]
         self.blocks[i] = 0
         self.computed[i] = 0
         self.target[i] = self.inp[i] + self.decoded[i]
-        self.waiting.insert(0, i)
+        self._enqueue(i, front=True)
         self.n_preemptions += 1
+
+    def _first_chunk_blocks(self, tokens: int, budget: int) -> int:
+        """KV blocks a waiting request (nothing computed) needs to be admitted with ``budget`` tokens."""
+        return -(-min(tokens, budget) // self.model.block_size)
+
+    def _admission_impossible(self, budget: int, free_blocks: int) -> bool:
+        """No waiting request can be admitted: no slot, no budget, or too few blocks for any of them."""
+        if not self.waiting or budget <= 0 or len(self.running) >= self.model.max_active_sequences:
+            return True
+        if self._wait_min is None:
+            self._wait_min = min(self.target[i] for i in self.waiting)
+        return self._first_chunk_blocks(self._wait_min, budget) > free_blocks
 
     def run(self, event_skipping: bool = True) -> None:
         n, m = self.n, self.model
@@ -152,9 +176,11 @@ class _V1Engine:
         self.t_ps = self.arrival_ps[order[0]]
         drain_left = None
         fixed_step_timers = getattr(self.policy, "timers_assume_fixed_steps", False)
+        # An admission-only policy is asked only when some waiting request could be admitted.
+        lazy = event_skipping and self._admission_only
         while True:
             while nxt < n and self.arrival_ps[order[nxt]] <= self.t_ps:
-                self.waiting.append(order[nxt])
+                self._enqueue(order[nxt])
                 nxt += 1
             if nxt == n and drain_left is None:
                 drain_left = m.drain_steps
@@ -163,175 +189,243 @@ class _V1Engine:
                     break
                 self.t_ps = self.arrival_ps[order[nxt]]       # idle: jump to the next arrival
                 continue
-            decision = self.policy.schedule(view.refresh())
-            quiet = self._execute_step(decision)
+            view.refresh()
+            quiet, blocked = self._execute_step(None if lazy else self.policy.schedule(view), view)
             if drain_left is not None:
                 drain_left -= 1
                 if drain_left <= 0:
                     break
             if event_skipping and quiet and not fixed_step_timers:
-                k = self._quiet_steps(view, order[nxt] if nxt < n else None, drain_left)
+                k = self._quiet_steps(view, order, nxt, drain_left, blocked)
                 if k > 0:
                     self._bulk_decode(k)
                     if drain_left is not None:
                         drain_left -= k
 
-    def _execute_step(self, d) -> bool:
-        """One engine step; True when it was a pure-decode step that changed nothing else."""
+    def _execute_step(self, d, view) -> tuple[bool, bool]:
+        """One engine step. ``d`` is the policy's decision, or None to ask the (admission-only) policy
+        only if an admission is possible. Returns (quiet, blocked): quiet when it was a pure-decode
+        step that changed nothing else, blocked when moreover no waiting request can be admitted
+        until something other than decoding happens."""
         m = self.model
-        for i in d.preempt:                       # policy-directed preemption
-            if i not in self.running:
-                raise RuntimeError(f"policy {self.policy.name!r} preempted request {i}, which is not running")
-            self._preempt(i)
+        bs = m.block_size
+        running, computed, target, blocks, decoded = (self.running, self.computed, self.target,
+                                                      self.blocks, self.decoded)
+        hold = d.hold if d is not None else ()
+        preempted = False
+        if d is not None and d.preempt:           # policy-directed preemption
+            for i in d.preempt:
+                if i not in running:
+                    raise RuntimeError(f"policy {self.policy.name!r} preempted request {i}, which is not running")
+                self._preempt(i)
+            preempted = True
         budget = m.max_num_batched_tokens
-        scheduled: dict[int, int] = {}            # request -> new tokens this step
-        preempted = bool(d.preempt)
-        run_list = list(self.running)
+        sched: list[int] = []                     # requests scheduled this step ...
+        sched_new: list[int] = []                 # ... and their new tokens
+        prefill = decodes = context = 0
+        run_list = list(running)
         k = 0
         while k < len(run_list) and budget > 0:
             i = run_list[k]
-            if i in d.hold:
+            if i in hold:
                 k += 1
                 continue
-            n_new = min(self.target[i] - self.computed[i], budget)
-            need = self._blocks_for(self.computed[i] + n_new) - self.blocks[i]
+            c = computed[i]
+            left = target[i] - c
+            n_new = left if left < budget else budget
+            need = -(-(c + n_new) // bs) - blocks[i]
             stuck = False
-            while need > self.free_blocks:
+            while need > self.free_blocks:        # preempt the newest running request
                 victim = run_list[-1]
                 if victim == i:
                     stuck = True
                     break
                 run_list.pop()
-                budget += scheduled.pop(victim, 0)
                 self._preempt(victim)
                 preempted = True
             if stuck:
                 break
             self.free_blocks -= need
-            self.blocks[i] += need
-            scheduled[i] = n_new
+            blocks[i] += need
+            sched.append(i)
+            sched_new.append(n_new)
+            if left > 1 or decoded[i] == 0:
+                prefill += n_new
+            else:
+                decodes += 1
+            context += c
             budget -= n_new
             k += 1
+        all_ran = k == len(run_list)
         # An admission refused for blocks or budget may go through later without any event (the
-        # policy's own list can change as KV grows), so such a step is never quiet; one refused only
-        # for sequence slots stays refused until a completion.
-        refused_for_room = False
+        # policy's own list can change as KV grows), so such a step is never quiet, unless no waiting
+        # request at all could be admitted; one refused only for sequence slots stays refused until
+        # a completion.
+        refused_for_room = admitted = False
         if not preempted:
-            waiting = set(self.waiting)
+            if d is None:
+                d = _NO_DECISION if self._admission_impossible(budget, self.free_blocks) else \
+                    self.policy.schedule(view)
             for i in d.admit:
-                if i not in waiting:
+                if not self.is_waiting[i]:
                     continue
-                if len(self.running) >= m.max_active_sequences:
+                if len(running) >= m.max_active_sequences:
                     break
                 if budget <= 0:
                     refused_for_room = True
                     break
-                n_new = min(self.target[i] - self.computed[i], budget)
-                need = self._blocks_for(self.computed[i] + n_new) - self.blocks[i]
+                c = computed[i]
+                left = target[i] - c
+                n_new = left if left < budget else budget
+                need = -(-(c + n_new) // bs) - blocks[i]
                 if need > self.free_blocks:
                     refused_for_room = True
                     break                          # head-of-line: admission stops here
                 self.free_blocks -= need
-                self.blocks[i] += need
+                blocks[i] += need
                 self.waiting.remove(i)
-                waiting.discard(i)
-                self.running.append(i)
+                self.is_waiting[i] = False
+                if target[i] == self._wait_min:
+                    self._wait_min = None
+                running.append(i)
                 if self.admit_ps[i] < 0:
                     self.admit_ps[i] = self.t_ps
-                scheduled[i] = n_new
+                sched.append(i)
+                sched_new.append(n_new)
+                if left > 1 or decoded[i] == 0:
+                    prefill += n_new
+                else:
+                    decodes += 1
+                context += c
                 budget -= n_new
+                admitted = True
         # step time from the batch
         c0, cp, cd, cc = self._c
-        prefill = sum(v for i, v in scheduled.items() if self.target[i] - self.computed[i] > 1
-                      or self.decoded[i] == 0)
-        decodes = len(scheduled) - sum(1 for i in scheduled if self.target[i] - self.computed[i] > 1
-                                       or self.decoded[i] == 0)
-        context = sum(self.computed[i] for i in scheduled)
         self.last_step_start_ps = self.t_ps
         self.t_ps += c0 + cp * prefill + cd * decodes + cc * context
         self.step += 1
+        t = self.t_ps
+        out, first_ps, finish_ps = self.out, self.first_ps, self.finish_ps
         done_any = False
-        for i, v in scheduled.items():
-            self.computed[i] += v
-            if self.computed[i] == self.target[i]:          # a token is emitted
-                self.decoded[i] += 1
-                if self.first_ps[i] < 0:
-                    self.first_ps[i] = self.t_ps
-                if self.decoded[i] == self.out[i]:
-                    self.finish_ps[i] = self.t_ps
-                    self.running.remove(i)
-                    self.free_blocks += self.blocks[i]
-                    self.blocks[i] = 0
+        for i, v in zip(sched, sched_new):
+            c = computed[i] + v
+            computed[i] = c
+            self._kv += v
+            if c == target[i]:                     # a token is emitted
+                decoded[i] += 1
+                if first_ps[i] < 0:
+                    first_ps[i] = t
+                if decoded[i] == out[i]:
+                    finish_ps[i] = t
+                    running.remove(i)
+                    self._kv -= c
+                    self.free_blocks += blocks[i]
+                    blocks[i] = 0
                     done_any = True
                 else:
-                    self.target[i] += 1
+                    target[i] = c + 1
+        # Blocked: with an admission-only policy, after any step in which every running request is
+        # left decoding and no waiting one can be admitted, the next steps are pure decodes until a
+        # completion, block exhaustion or an arrival that could be admitted.
+        budget_next = m.max_num_batched_tokens - len(running)
+        if (self._admission_only and budget_next >= 0 and (running or self.waiting)
+                and self._admission_impossible(budget_next, self.free_blocks)
+                and all(target[i] - computed[i] == 1 and decoded[i] for i in running)):
+            return True, True
         # Quiet: a pure-decode step where every running request ran and nothing else happened, so the
         # next steps repeat it until an arrival, a completion, block exhaustion or a policy timer.
-        admitted = any(i in scheduled for i in d.admit)
-        pure_decode = prefill == 0 and all(self.target[i] - self.computed[i] == 1 for i in self.running)
-        all_ran = len(scheduled) == len(self.running) + sum(1 for i in scheduled if self.finish_ps[i] >= 0)
-        return (pure_decode and all_ran and not d.hold and not preempted and not done_any and not admitted
-                and not refused_for_room)
-
-    def _step_ps(self, j: int, D: int, C0: int) -> int:
-        c0, _, cd, cc = self._c
-        return c0 + cd * D + cc * (C0 + D * j)
+        if prefill or admitted or preempted or done_any or hold or not all_ran:
+            return False, False
+        return not refused_for_room, False
 
     def _span_ps(self, k: int, D: int, C0: int) -> int:
         """Sum of the next ``k`` pure-decode step times (context grows by D a step)."""
         c0, _, cd, cc = self._c
         return k * (c0 + cd * D + cc * C0) + cc * D * (k * (k - 1) // 2)
 
-    def _quiet_steps(self, view, next_arrival, drain_left) -> int:
-        """How many next steps are pure decodes in which nothing else can happen."""
-        run = self.running
+    def _quiet_steps(self, view, order, nxt, drain_left, blocked) -> int:
+        """How many next steps are pure decodes in which nothing else can happen (the last of them
+        may complete requests: they leave at its end, as they would walking step by step).
+
+        ``blocked``: no waiting request can be admitted during them (and the policy only admits), so
+        neither the policy's timers nor arrivals that could not be admitted either end the stretch.
+        """
+        m = self.model
+        bs = m.block_size
+        run, computed, blocks = self.running, self.computed, self.blocks
         D = len(run)
-        C0 = sum(self.computed[i] for i in run)
+        C0 = self._kv
         # completions: a request emits its last token in its (out - decoded)-th next step
-        k = min(self.out[i] - self.decoded[i] for i in run) - 1 if run else self.model.drain_steps
-        # KV blocks: new blocks needed after j steps must stay within the free ones
+        k = min(self.out[i] - self.decoded[i] for i in run) if run else m.drain_steps
+        # KV blocks: the blocks the next j steps allocate must all be free now (no preemption)
         lo, hi = 0, k
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            need = sum(self._blocks_for(self.computed[i] + mid + 1) - self.blocks[i] for i in run)
-            if need <= self.free_blocks:
+            if sum(-(-(computed[i] + mid) // bs) - blocks[i] for i in run) <= self.free_blocks:
                 lo = mid
             else:
                 hi = mid - 1
         k = lo
-        # the next arrival: every skipped step must start before it
-        if next_arrival is not None:
-            limit = self.arrival_ps[next_arrival] - self.t_ps      # steps must start strictly before
+        # the next arrival that matters: every step of the stretch must start before it
+        stop = nxt
+        if blocked and k > 0:
+            budget = m.max_num_batched_tokens - D
+            slot = D < m.max_active_sequences
+            end_ps = self.t_ps + self._span_ps(k, D, C0)
+            n = self.n
+            # The last arrival always stops the stretch: it starts the drain count.
+            while stop < n - 1 and self.arrival_ps[order[stop]] < end_ps and not (
+                    slot and budget > 0
+                    and self._first_chunk_blocks(self.inp[order[stop]], budget) <= self.free_blocks):
+                stop += 1
+        if stop < self.n and k > 0:
+            # the j-th step of the stretch starts at span(j - 1); the largest k with span(k - 1) < limit
+            limit = self.arrival_ps[order[stop]] - self.t_ps
             lo, hi = 0, k
             while lo < hi:
                 mid = (lo + hi + 1) // 2
-                if self._span_ps(mid, D, C0) < limit:
+                if self._span_ps(mid - 1, D, C0) < limit:
                     lo = mid
                 else:
                     hi = mid - 1
             k = lo
-        wake = self.policy.wake_step(view)
-        if wake != math.inf:
-            k = min(k, max(0, int(wake) - self.step))
+        if not blocked:
+            wake = self.policy.wake_step(view)
+            if wake != math.inf:
+                k = min(k, max(0, int(wake) - self.step))
         if drain_left is not None:
             k = min(k, drain_left - 1)
         return max(0, k)
 
     def _bulk_decode(self, k: int) -> None:
+        """Run ``k`` pure-decode steps at once; requests whose last token comes in the k-th leave."""
         run = self.running
         D = len(run)
-        C0 = sum(self.computed[i] for i in run)
-        for i in run:
-            new_blocks = self._blocks_for(self.computed[i] + k + 0) - self.blocks[i]
-            self.computed[i] += k
-            self.decoded[i] += k
-            self.target[i] += k
-            # after k decode steps the cache holds computed tokens; the next step's token is allocated then
-            self.blocks[i] += max(0, new_blocks)
-            self.free_blocks -= max(0, new_blocks)
+        C0 = self._kv
+        bs = self.model.block_size
+        computed, blocks, decoded, out = self.computed, self.blocks, self.decoded, self.out
         self.last_step_start_ps = self.t_ps + self._span_ps(k - 1, D, C0)
         self.t_ps += self._span_ps(k, D, C0)
         self.step += k
+        self._kv += k * D
+        finished = []
+        for i in run:
+            # after k decode steps the cache holds the computed tokens
+            new_blocks = -(-(computed[i] + k) // bs) - blocks[i]
+            computed[i] += k
+            decoded[i] += k
+            self.target[i] += k
+            if new_blocks > 0:
+                blocks[i] += new_blocks
+                self.free_blocks -= new_blocks
+            if decoded[i] == out[i]:
+                finished.append(i)
+        for i in finished:
+            self.finish_ps[i] = self.t_ps
+            run.remove(i)
+            self._kv -= computed[i]
+            self.free_blocks += blocks[i]
+            blocks[i] = 0
 
     def result(self, window) -> RunResult:
         def stamp(ps):

@@ -49,7 +49,11 @@ class LsspModel:
 
 @dataclasses.dataclass
 class Decision:
-    """What a policy asks for in one step. Ids are request indices within the window."""
+    """What a policy asks for in one step. Ids are request indices within the window.
+
+    ``admit`` is taken in order, once; it may be a lazy iterator, which an engine with head-of-line
+    admission stops consuming at its first refusal (wrap it in ``list`` to inspect it).
+    """
 
     admit: list = dataclasses.field(default_factory=list)
     preempt: list = dataclasses.field(default_factory=list)
@@ -104,6 +108,10 @@ class Policy:
     #: True when the policy's timers (:meth:`wake_step`) convert times to steps with the model's fixed
     #: ``step_s``: an engine model whose steps vary in length then walks every step for it.
     timers_assume_fixed_steps: ClassVar[bool] = False
+    #: True when :meth:`schedule` only admits (never preempts or holds) and is a pure function of the
+    #: view (no state kept across steps): an engine may then skip calling it at steps where no waiting
+    #: request could be admitted whatever it answered. The event-skipping tests check the claim.
+    admission_only: ClassVar[bool] = False
 
     def reset(self, view: EngineView) -> None:
         """Called once before a run."""

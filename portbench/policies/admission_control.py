@@ -4,7 +4,7 @@ import math
 
 from ..sim import Decision, Policy
 from . import register
-from ._common import ALPHA, BETA, admit_in_order
+from ._common import ALPHA, BETA, admissions_in_order
 
 
 @register
@@ -22,6 +22,7 @@ class AdmissionControl(Policy):
     """
 
     name = "admission_control"
+    admission_only = True
 
     def __init__(self, laxity_threshold: float = math.inf, step_s: float = 0.001,
                  alpha: float = ALPHA, beta: float = BETA):
@@ -42,4 +43,4 @@ class AdmissionControl(Policy):
             if lax >= floor:
                 keyed.append(((lax, -float(prio[i]), est_s, di, i), i))
         keyed.sort(key=lambda t: t[0])
-        return Decision(admit=admit_in_order(view, [i for _, i in keyed]))
+        return Decision(admit=admissions_in_order(view, [i for _, i in keyed]))

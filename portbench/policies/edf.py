@@ -2,7 +2,7 @@
 
 from ..sim import Decision, Policy
 from . import register
-from ._common import admit_in_order
+from ._common import admissions_in_order
 
 
 @register
@@ -14,8 +14,9 @@ class Edf(Policy):
     """
 
     name = "edf"
+    admission_only = True
 
     def schedule(self, view):
         d = view.deadline_s
         ranked = sorted(view.waiting, key=lambda i: float(d[i]))
-        return Decision(admit=admit_in_order(view, ranked))
+        return Decision(admit=admissions_in_order(view, ranked))

@@ -2,7 +2,7 @@
 
 from ..sim import Decision, Policy
 from . import register
-from ._common import ALPHA, BETA, admit_in_order
+from ._common import ALPHA, BETA, admissions_in_order
 
 
 @register
@@ -17,6 +17,7 @@ class EstimatedServiceTimeFirst(Policy):
     """
 
     name = "estimated_service_time_first"
+    admission_only = True
 
     def __init__(self, alpha: float = ALPHA, beta: float = BETA):
         self.alpha = alpha
@@ -29,4 +30,4 @@ class EstimatedServiceTimeFirst(Policy):
             est = self.alpha * int(p[i]) + self.beta * int(o[i])
             return (est, float(d[i]), -float(prio[i]), i)
 
-        return Decision(admit=admit_in_order(view, sorted(view.waiting, key=key)))
+        return Decision(admit=admissions_in_order(view, sorted(view.waiting, key=key)))

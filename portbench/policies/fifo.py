@@ -2,12 +2,13 @@
 
 from ..sim import Decision, Policy
 from . import register
-from ._common import admit_in_order
+from ._common import admissions_in_order
 
 
 @register
 class Fifo(Policy):
     name = "fifo"
+    admission_only = True
 
     def schedule(self, view):
-        return Decision(admit=admit_in_order(view, view.waiting))
+        return Decision(admit=admissions_in_order(view, view.waiting))

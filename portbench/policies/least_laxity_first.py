@@ -2,7 +2,7 @@
 
 from ..sim import Decision, Policy
 from . import register
-from ._common import ALPHA, BETA, admit_in_order
+from ._common import ALPHA, BETA, admissions_in_order
 
 
 @register
@@ -19,6 +19,7 @@ class LeastLaxityFirst(Policy):
     """
 
     name = "least_laxity_first"
+    admission_only = True
 
     def __init__(self, alpha: float = ALPHA, beta: float = BETA):
         self.alpha = alpha
@@ -33,4 +34,4 @@ class LeastLaxityFirst(Policy):
             est = self.alpha * int(p[i]) + self.beta * int(o[i])
             return ((di - now) - est, di, -float(prio[i]), i)
 
-        return Decision(admit=admit_in_order(view, sorted(view.waiting, key=key)))
+        return Decision(admit=admissions_in_order(view, sorted(view.waiting, key=key)))

@@ -2,7 +2,7 @@
 
 from ..sim import Decision, Policy
 from . import register
-from ._common import ALPHA, BETA, admit_in_order
+from ._common import ALPHA, BETA, admissions_in_order
 
 
 @register
@@ -23,6 +23,7 @@ class WeightedFairShare(Policy):
     """
 
     name = "weighted_fair_share"
+    admission_only = True
 
     def __init__(self, alpha: float = ALPHA, beta: float = BETA):
         self.alpha = alpha
@@ -39,4 +40,4 @@ class WeightedFairShare(Policy):
             score = deficit * float(prio[i]) / max(est, 1e-9)
             return (-score, float(a[i]), i)
 
-        return Decision(admit=admit_in_order(view, sorted(view.waiting, key=key)))
+        return Decision(admit=admissions_in_order(view, sorted(view.waiting, key=key)))
