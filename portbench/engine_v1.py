@@ -21,15 +21,28 @@ vLLM v1's scheduler does (see ``VLLM_V1_SEMANTICS`` in the project's spec):
 Time is kept in integer picoseconds so that a run of steps can be summed in closed form exactly: in a
 pure-decode stretch the context grows by D tokens a step, the step times form an arithmetic series,
 and the engine jumps over every step in which nothing can change (no arrival, completion, block
-exhaustion, prefill or policy timer), bit-identical to walking them one by one.
+exhaustion, prefill or policy timer), bit-identical to walking them one by one. A stretch ends with
+the step of its first completion (the leavers go at its end, as step by step).
+
+Two more shortcuts hold for policies that declare ``admission_only`` (a decision that only admits
+and is a pure function of the view): such a policy is asked only in a step where some waiting
+request could get a slot, budget and the KV blocks of its first chunk; and once no waiting request
+can, a stretch runs on past arrivals that could not be admitted either (free blocks only shrink in
+it), however the policy would have ranked them. Its admissions are taken lazily, so a long queue is
+walked only as far as the engine admits. The per-request loops of a step and of a stretch are
+compiled with numba over one int64 table (a row per request); the policies still see plain Python.
+``tests/test_event_skipping.py`` checks all of it against the step-by-step walk, which runs the same
+step code but asks the policy at every step and jumps nowhere.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import math
 from typing import ClassVar
 
+import numba
 import numpy as np
 
 from .sim import Decision, EngineView, Policy, RunResult
@@ -95,6 +108,136 @@ class VllmV1Model:
         return _V1Engine(window, policy, self, priority)
 
 
+# --- the per-request loops, compiled -------------------------------------------------------------
+# Per-request state lives in one int64 table, a row per request, these columns:
+INP, OUT, COMPUTED, TARGET, BLOCKS, DECODED, FIRST, FINISH = range(8)
+
+
+@numba.njit(cache=True)
+def _schedule_running(run, held, st, sched, budget, free, bs):
+    """vLLM's running phase: each running request in order gets ``min(left, budget)`` tokens and the
+    blocks for them; one that cannot get its blocks preempts from the end of ``run`` (recompute: its
+    blocks are freed, its KV dropped, its target reset), and one that would preempt itself stops it.
+
+    Writes (request, new tokens) rows into ``sched``. Returns (requests walked, running requests left
+    after preemption, rows written, budget, free blocks, prefill tokens, decodes, context tokens, KV
+    tokens dropped)."""
+    n_run = run.shape[0]
+    k = m = prefill = decodes = context = dropped = 0
+    while k < n_run and budget > 0:
+        i = run[k]
+        if held[i]:
+            k += 1
+            continue
+        c = st[i, COMPUTED]
+        left = st[i, TARGET] - c
+        n_new = min(left, budget)
+        need = -(-(c + n_new) // bs) - st[i, BLOCKS]
+        stuck = False
+        while need > free:
+            v = run[n_run - 1]
+            if v == i:
+                stuck = True
+                break
+            n_run -= 1
+            free += st[v, BLOCKS]
+            st[v, BLOCKS] = 0
+            dropped += st[v, COMPUTED]
+            st[v, COMPUTED] = 0
+            st[v, TARGET] = st[v, INP] + st[v, DECODED]
+        if stuck:
+            break
+        free -= need
+        st[i, BLOCKS] += need
+        sched[m, 0] = i
+        sched[m, 1] = n_new
+        m += 1
+        if left > 1 or st[i, DECODED] == 0:
+            prefill += n_new
+        else:
+            decodes += 1
+        context += c
+        budget -= n_new
+        k += 1
+    return k, n_run, m, budget, free, prefill, decodes, context, dropped
+
+
+@numba.njit(cache=True)
+def _advance(sched, m, st, t_ps, finished):
+    """The end of a step: scheduled requests gain their tokens; a request whose target is reached
+    emits a token (stamped ``t_ps``) and leaves when it was its last. Writes the leavers into
+    ``finished``. Returns (leavers, blocks freed, KV tokens change, some request is mid-prefill)."""
+    f = freed = kv = 0
+    mid_prefill = False
+    for j in range(m):
+        i = sched[j, 0]
+        c = st[i, COMPUTED] + sched[j, 1]
+        st[i, COMPUTED] = c
+        kv += sched[j, 1]
+        if c == st[i, TARGET]:
+            st[i, DECODED] += 1
+            if st[i, FIRST] < 0:
+                st[i, FIRST] = t_ps
+            if st[i, DECODED] == st[i, OUT]:
+                st[i, FINISH] = t_ps
+                finished[f] = i
+                f += 1
+                freed += st[i, BLOCKS]
+                st[i, BLOCKS] = 0
+                kv -= c
+            else:
+                st[i, TARGET] = c + 1
+        else:
+            mid_prefill = True
+    return f, freed, kv, mid_prefill
+
+
+@numba.njit(cache=True)
+def _stretch_bound(run, st, free, bs, k):
+    """The most next pure-decode steps, at most ``k``, before the first completion (included) and
+    without running out of KV blocks."""
+    for j in range(run.shape[0]):
+        i = run[j]
+        k = min(k, st[i, OUT] - st[i, DECODED])
+    lo, hi = 0, k
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        need = 0
+        for j in range(run.shape[0]):
+            i = run[j]
+            need += -(-(st[i, COMPUTED] + mid) // bs) - st[i, BLOCKS]
+        if need <= free:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+@numba.njit(cache=True)
+def _decode_stretch(run, st, k, bs, t_ps, finished):
+    """``k`` pure-decode steps at once, the last ending at ``t_ps``: requests whose last token comes
+    in the k-th leave. Returns (leavers, blocks taken net of those freed, KV tokens change)."""
+    f = taken = kv = 0
+    for j in range(run.shape[0]):
+        i = run[j]
+        new_blocks = -(-(st[i, COMPUTED] + k) // bs) - st[i, BLOCKS]
+        if new_blocks > 0:
+            st[i, BLOCKS] += new_blocks
+            taken += new_blocks
+        st[i, COMPUTED] += k
+        st[i, DECODED] += k
+        st[i, TARGET] += k
+        kv += k
+        if st[i, DECODED] == st[i, OUT]:
+            st[i, FINISH] = t_ps
+            finished[f] = i
+            f += 1
+            taken -= st[i, BLOCKS]
+            st[i, BLOCKS] = 0
+            kv -= st[i, COMPUTED]
+    return f, taken, kv
+
+
 class _V1Engine:
     def __init__(self, window, policy: Policy, model: VllmV1Model, priority=None):
         self.model, self.policy = model, policy
@@ -103,17 +246,16 @@ class _V1Engine:
         self.input_tokens, self.output_tokens = window.input_tokens, window.output_tokens
         self.predicted = window.predicted_output_tokens
         self.priority = np.ones(n) if priority is None else np.asarray(priority, dtype=np.float64)
-        self.arrival_ps = [int(math.ceil(a * PS)) for a in window.arrival_s]
+        self.arrival_ps = np.ceil(window.arrival_s * PS).astype(np.int64).tolist()   # as math.ceil(a * PS)
         self.inp = window.input_tokens.tolist()
-        self.out = window.output_tokens.tolist()
-        self.decoded = [0] * n          # tokens emitted
-        self.computed = [0] * n         # tokens whose KV is in the cache
-        self.target = list(self.inp)    # tokens to compute before the next token can be emitted
-        self.blocks = [0] * n
-        self.free_blocks = model.max_kv_tokens // model.block_size
+        st = self.st = np.zeros((n, 8), dtype=np.int64)
+        st[:, INP] = window.input_tokens
+        st[:, OUT] = window.output_tokens
+        st[:, TARGET] = window.input_tokens   # tokens to compute before the next token can be emitted
+        st[:, FIRST] = st[:, FINISH] = -1
+        self.decoded = st[:, DECODED]         # tokens emitted (the policies' view reads it)
         self.admit_ps = [-1] * n
-        self.first_ps = [-1] * n
-        self.finish_ps = [-1] * n
+        self.free_blocks = model.max_kv_tokens // model.block_size
         self.waiting: list[int] = []
         self.is_waiting = [False] * n
         self.running: list[int] = []
@@ -123,8 +265,11 @@ class _V1Engine:
         self.n_preemptions = 0
         self._c = model.cost.picoseconds()
         self._kv = 0                    # Σ computed tokens over running requests
-        self._wait_min = None           # smallest target over waiting requests (None: not known)
+        self._wait_heap: list[tuple[int, int]] = []   # (target, request) of waiting ones, and stale rows
         self._admission_only = getattr(policy, "admission_only", False)
+        self._held = np.zeros(n, dtype=np.bool_)
+        self._sched = np.zeros((max(model.max_active_sequences, 1) * 2 + 1, 2), dtype=np.int64)
+        self._finished = np.zeros(max(model.max_active_sequences, 1) + 1, dtype=np.int64)
 
     # the view's interface
     def kv_used(self) -> int:
@@ -140,18 +285,21 @@ class _V1Engine:
         else:
             self.waiting.append(i)
         self.is_waiting[i] = True
-        if self._wait_min is not None and self.target[i] < self._wait_min:
-            self._wait_min = self.target[i]
+        heapq.heappush(self._wait_heap, (int(self.st[i, TARGET]), i))
 
     def _preempt(self, i: int) -> None:
+        st = self.st
         self.running.remove(i)
-        self._kv -= self.computed[i]
-        self.free_blocks += self.blocks[i]
-        self.blocks[i] = 0
-        self.computed[i] = 0
-        self.target[i] = self.inp[i] + self.decoded[i]
+        self._kv -= int(st[i, COMPUTED])
+        self.free_blocks += int(st[i, BLOCKS])
+        st[i, BLOCKS] = st[i, COMPUTED] = 0
+        st[i, TARGET] = st[i, INP] + st[i, DECODED]
         self._enqueue(i, front=True)
         self.n_preemptions += 1
+
+    def _leave(self, n_finished: int) -> None:
+        for i in self._finished[:n_finished].tolist():
+            self.running.remove(i)
 
     def _first_chunk_blocks(self, tokens: int, budget: int) -> int:
         """KV blocks a waiting request (nothing computed) needs to be admitted with ``budget`` tokens."""
@@ -161,13 +309,14 @@ class _V1Engine:
         """No waiting request can be admitted: no slot, no budget, or too few blocks for any of them."""
         if not self.waiting or budget <= 0 or len(self.running) >= self.model.max_active_sequences:
             return True
-        if self._wait_min is None:
-            self._wait_min = min(self.target[i] for i in self.waiting)
-        return self._first_chunk_blocks(self._wait_min, budget) > free_blocks
+        heap, st, is_waiting = self._wait_heap, self.st, self.is_waiting
+        while not is_waiting[heap[0][1]] or st[heap[0][1], TARGET] != heap[0][0]:
+            heapq.heappop(heap)                   # a row of a request that has left the queue
+        return self._first_chunk_blocks(heap[0][0], budget) > free_blocks
 
     def run(self, event_skipping: bool = True) -> None:
         n, m = self.n, self.model
-        order = sorted(range(n), key=lambda i: (self.arrival_ps[i], i))
+        order = np.argsort(np.array(self.arrival_ps, dtype=np.int64), kind="stable").tolist()
         view = _V1View(self)
         self.policy.reset(view.refresh())
         if n == 0:
@@ -189,7 +338,8 @@ class _V1Engine:
                     break
                 self.t_ps = self.arrival_ps[order[nxt]]       # idle: jump to the next arrival
                 continue
-            view.refresh()
+            if not lazy:
+                view.refresh()
             quiet, blocked = self._execute_step(None if lazy else self.policy.schedule(view), view)
             if drain_left is not None:
                 drain_left -= 1
@@ -209,8 +359,7 @@ class _V1Engine:
         until something other than decoding happens."""
         m = self.model
         bs = m.block_size
-        running, computed, target, blocks, decoded = (self.running, self.computed, self.target,
-                                                      self.blocks, self.decoded)
+        st, running = self.st, self.running
         hold = d.hold if d is not None else ()
         preempted = False
         if d is not None and d.preempt:           # policy-directed preemption
@@ -219,44 +368,23 @@ class _V1Engine:
                     raise RuntimeError(f"policy {self.policy.name!r} preempted request {i}, which is not running")
                 self._preempt(i)
             preempted = True
-        budget = m.max_num_batched_tokens
-        sched: list[int] = []                     # requests scheduled this step ...
-        sched_new: list[int] = []                 # ... and their new tokens
-        prefill = decodes = context = 0
-        run_list = list(running)
-        k = 0
-        while k < len(run_list) and budget > 0:
-            i = run_list[k]
-            if i in hold:
-                k += 1
-                continue
-            c = computed[i]
-            left = target[i] - c
-            n_new = left if left < budget else budget
-            need = -(-(c + n_new) // bs) - blocks[i]
-            stuck = False
-            while need > self.free_blocks:        # preempt the newest running request
-                victim = run_list[-1]
-                if victim == i:
-                    stuck = True
-                    break
-                run_list.pop()
-                self._preempt(victim)
-                preempted = True
-            if stuck:
-                break
-            self.free_blocks -= need
-            blocks[i] += need
-            sched.append(i)
-            sched_new.append(n_new)
-            if left > 1 or decoded[i] == 0:
-                prefill += n_new
-            else:
-                decodes += 1
-            context += c
-            budget -= n_new
-            k += 1
-        all_ran = k == len(run_list)
+        # running requests first
+        run = np.array(running, dtype=np.int64)
+        held = self._held
+        if hold:
+            held[list(hold)] = True
+        k, n_left, n_sched, budget, self.free_blocks, prefill, decodes, context, dropped = \
+            _schedule_running(run, held, st, self._sched, m.max_num_batched_tokens, self.free_blocks, bs)
+        if hold:
+            held[list(hold)] = False
+        if n_left < len(run):                     # the engine preempted from the end
+            self._kv -= dropped
+            for v in run[n_left:][::-1].tolist():
+                self.running.remove(v)
+                self._enqueue(v, front=True)
+                self.n_preemptions += 1
+            preempted = True
+        all_ran = k == n_left
         # An admission refused for blocks or budget may go through later without any event (the
         # policy's own list can change as KV grows), so such a step is never quiet, unless no waiting
         # request at all could be admitted; one refused only for sequence slots stays refused until
@@ -264,8 +392,10 @@ class _V1Engine:
         refused_for_room = admitted = False
         if not preempted:
             if d is None:
+                # nothing has changed that the view shows, so it still shows the step's start
                 d = _NO_DECISION if self._admission_impossible(budget, self.free_blocks) else \
-                    self.policy.schedule(view)
+                    self.policy.schedule(view.refresh())
+            sched = self._sched
             for i in d.admit:
                 if not self.is_waiting[i]:
                     continue
@@ -274,29 +404,25 @@ class _V1Engine:
                 if budget <= 0:
                     refused_for_room = True
                     break
-                c = computed[i]
-                left = target[i] - c
-                n_new = left if left < budget else budget
-                need = -(-(c + n_new) // bs) - blocks[i]
+                target = int(st[i, TARGET])           # nothing computed, no blocks while waiting
+                n_new = min(target, budget)
+                need = -(-n_new // bs)
                 if need > self.free_blocks:
                     refused_for_room = True
                     break                          # head-of-line: admission stops here
                 self.free_blocks -= need
-                blocks[i] += need
+                st[i, BLOCKS] = need
                 self.waiting.remove(i)
                 self.is_waiting[i] = False
-                if target[i] == self._wait_min:
-                    self._wait_min = None
                 running.append(i)
                 if self.admit_ps[i] < 0:
                     self.admit_ps[i] = self.t_ps
-                sched.append(i)
-                sched_new.append(n_new)
-                if left > 1 or decoded[i] == 0:
+                sched[n_sched] = i, n_new
+                n_sched += 1
+                if target > 1 or st[i, DECODED] == 0:
                     prefill += n_new
                 else:
                     decodes += 1
-                context += c
                 budget -= n_new
                 admitted = True
         # step time from the batch
@@ -304,37 +430,21 @@ class _V1Engine:
         self.last_step_start_ps = self.t_ps
         self.t_ps += c0 + cp * prefill + cd * decodes + cc * context
         self.step += 1
-        t = self.t_ps
-        out, first_ps, finish_ps = self.out, self.first_ps, self.finish_ps
-        done_any = False
-        for i, v in zip(sched, sched_new):
-            c = computed[i] + v
-            computed[i] = c
-            self._kv += v
-            if c == target[i]:                     # a token is emitted
-                decoded[i] += 1
-                if first_ps[i] < 0:
-                    first_ps[i] = t
-                if decoded[i] == out[i]:
-                    finish_ps[i] = t
-                    running.remove(i)
-                    self._kv -= c
-                    self.free_blocks += blocks[i]
-                    blocks[i] = 0
-                    done_any = True
-                else:
-                    target[i] = c + 1
+        n_fin, freed, kv, mid_prefill = _advance(self._sched, n_sched, st, self.t_ps, self._finished)
+        self._kv += kv
+        self.free_blocks += freed
+        if n_fin:
+            self._leave(n_fin)
         # Blocked: with an admission-only policy, after any step in which every running request is
         # left decoding and no waiting one can be admitted, the next steps are pure decodes until a
         # completion, block exhaustion or an arrival that could be admitted.
         budget_next = m.max_num_batched_tokens - len(running)
-        if (self._admission_only and budget_next >= 0 and (running or self.waiting)
-                and self._admission_impossible(budget_next, self.free_blocks)
-                and all(target[i] - computed[i] == 1 and decoded[i] for i in running)):
+        if (self._admission_only and all_ran and not mid_prefill and budget_next >= 0
+                and (running or self.waiting) and self._admission_impossible(budget_next, self.free_blocks)):
             return True, True
         # Quiet: a pure-decode step where every running request ran and nothing else happened, so the
         # next steps repeat it until an arrival, a completion, block exhaustion or a policy timer.
-        if prefill or admitted or preempted or done_any or hold or not all_ran:
+        if prefill or admitted or preempted or n_fin or hold or not all_ran:
             return False, False
         return not refused_for_room, False
 
@@ -351,21 +461,11 @@ class _V1Engine:
         neither the policy's timers nor arrivals that could not be admitted either end the stretch.
         """
         m = self.model
-        bs = m.block_size
-        run, computed, blocks = self.running, self.computed, self.blocks
-        D = len(run)
+        D = len(self.running)
         C0 = self._kv
-        # completions: a request emits its last token in its (out - decoded)-th next step
-        k = min(self.out[i] - self.decoded[i] for i in run) if run else m.drain_steps
-        # KV blocks: the blocks the next j steps allocate must all be free now (no preemption)
-        lo, hi = 0, k
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if sum(-(-(computed[i] + mid) // bs) - blocks[i] for i in run) <= self.free_blocks:
-                lo = mid
-            else:
-                hi = mid - 1
-        k = lo
+        # completions (the first one included) and KV blocks
+        k = _stretch_bound(np.array(self.running, dtype=np.int64), self.st, self.free_blocks,
+                           m.block_size, m.drain_steps)
         # the next arrival that matters: every step of the stretch must start before it
         stop = nxt
         if blocked and k > 0:
@@ -381,7 +481,7 @@ class _V1Engine:
         if stop < self.n and k > 0:
             # the j-th step of the stretch starts at span(j - 1); the largest k with span(k - 1) < limit
             limit = self.arrival_ps[order[stop]] - self.t_ps
-            lo, hi = 0, k
+            lo, hi = (k, k) if self._span_ps(k - 1, D, C0) < limit else (0, k - 1)
             while lo < hi:
                 mid = (lo + hi + 1) // 2
                 if self._span_ps(mid - 1, D, C0) < limit:
@@ -390,7 +490,7 @@ class _V1Engine:
                     hi = mid - 1
             k = lo
         if not blocked:
-            wake = self.policy.wake_step(view)
+            wake = self.policy.wake_step(view.refresh() if self._admission_only else view)
             if wake != math.inf:
                 k = min(k, max(0, int(wake) - self.step))
         if drain_left is not None:
@@ -399,45 +499,29 @@ class _V1Engine:
 
     def _bulk_decode(self, k: int) -> None:
         """Run ``k`` pure-decode steps at once; requests whose last token comes in the k-th leave."""
-        run = self.running
-        D = len(run)
+        D = len(self.running)
         C0 = self._kv
-        bs = self.model.block_size
-        computed, blocks, decoded, out = self.computed, self.blocks, self.decoded, self.out
         self.last_step_start_ps = self.t_ps + self._span_ps(k - 1, D, C0)
         self.t_ps += self._span_ps(k, D, C0)
         self.step += k
-        self._kv += k * D
-        finished = []
-        for i in run:
-            # after k decode steps the cache holds the computed tokens
-            new_blocks = -(-(computed[i] + k) // bs) - blocks[i]
-            computed[i] += k
-            decoded[i] += k
-            self.target[i] += k
-            if new_blocks > 0:
-                blocks[i] += new_blocks
-                self.free_blocks -= new_blocks
-            if decoded[i] == out[i]:
-                finished.append(i)
-        for i in finished:
-            self.finish_ps[i] = self.t_ps
-            run.remove(i)
-            self._kv -= computed[i]
-            self.free_blocks += blocks[i]
-            blocks[i] = 0
+        n_fin, taken, kv = _decode_stretch(np.array(self.running, dtype=np.int64), self.st, k,
+                                           self.model.block_size, self.t_ps, self._finished)
+        self.free_blocks -= taken
+        self._kv += kv
+        if n_fin:
+            self._leave(n_fin)
 
     def result(self, window) -> RunResult:
         def stamp(ps):
-            arr = np.array(ps, dtype=np.float64)
+            arr = np.asarray(ps, dtype=np.float64)
             out = arr / PS
             out[arr < 0] = np.nan
             return out
 
         return RunResult(window.window_id, self.policy.name, self.model.name, window.arrival_s,
                          window.deadline_s, window.input_tokens, window.output_tokens, self.priority,
-                         admit_s=stamp(self.admit_ps), first_token_s=stamp(self.first_ps),
-                         finish_s=stamp(self.finish_ps), duration_s=self.last_step_start_ps / PS,
+                         admit_s=stamp(self.admit_ps), first_token_s=stamp(self.st[:, FIRST]),
+                         finish_s=stamp(self.st[:, FINISH]), duration_s=self.last_step_start_ps / PS,
                          n_steps=self.step, n_preemptions=self.n_preemptions)
 
 

@@ -45,23 +45,34 @@ def violation_rate_at(window: Window, factor: float, policy: str = "fifo", model
     return slo_violation_rate(sim.simulate(scale(window, factor), make_policy(policy), model))
 
 
-def find_lambda_ref(window: Window, *, policy: str = "fifo", model=None,
-                    threshold: float = VIOLATION_THRESHOLD, log10_bounds=LOG10_BOUNDS,
-                    steps: int = BISECTION_STEPS) -> Calibration:
-    """Bisection on log10 λ for the knee where the violation rate reaches ``threshold``."""
-    lo, hi = map(float, log10_bounds)
+def bisect_log10(ok, lo: float, hi: float, steps: int) -> tuple[float, str | None]:
+    """Bisection on log10 λ for a knee: ``ok(log10 λ)`` is True below it (the lighter loads).
 
-    def ok(log_lambda):
-        return violation_rate_at(window, 10.0 ** log_lambda, policy, model) < threshold
-
+    Probes ``lo``, then ``hi``, then ``steps`` midpoints. Returns (λ, pinned): λ is 10 to the middle of
+    the last bracket; ``pinned`` is ``"low"`` when not even ``lo`` is ok (λ = 10 ** lo), ``"high"``
+    when even ``hi`` is (λ = 10 ** hi), else None.
+    """
     if not ok(lo):
-        return Calibration(window.window_id, 10.0 ** lo, "low", 1)
+        return 10.0 ** lo, "low"
     if ok(hi):
-        return Calibration(window.window_id, 10.0 ** hi, "high", 2)
+        return 10.0 ** hi, "high"
     for _ in range(steps):
         mid = (lo + hi) / 2
         if ok(mid):
             lo = mid
         else:
             hi = mid
-    return Calibration(window.window_id, 10.0 ** ((lo + hi) / 2), None, steps + 2)
+    return 10.0 ** ((lo + hi) / 2), None
+
+
+def find_lambda_ref(window: Window, *, policy: str = "fifo", model=None,
+                    threshold: float = VIOLATION_THRESHOLD, log10_bounds=LOG10_BOUNDS,
+                    steps: int = BISECTION_STEPS) -> Calibration:
+    """Bisection on log10 λ for the knee where the violation rate reaches ``threshold``."""
+
+    def ok(log_lambda):
+        return violation_rate_at(window, 10.0 ** log_lambda, policy, model) < threshold
+
+    lam, pinned = bisect_log10(ok, *map(float, log10_bounds), steps)
+    n_simulations = {"low": 1, "high": 2, None: steps + 2}[pinned]
+    return Calibration(window.window_id, lam, pinned, n_simulations)

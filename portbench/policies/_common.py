@@ -35,11 +35,6 @@ def admissions_in_order(view, ranked, accept=None, kv_charge=None, limit=None):
     slots = view.model.max_active_sequences
     if active >= slots:
         return
-    if kv_charge is None and len(ranked) > 32:
-        # A long queue: drop at once every request whose prompt cannot fit in the KV room left now
-        # (the room only shrinks along the walk), and walk the rest.
-        r = np.fromiter(ranked, dtype=np.int64, count=len(ranked))
-        ranked = r[view.input_tokens[r] <= view.model.max_kv_tokens - kv].tolist()
     n = 0
     for i in ranked:
         if active >= slots:          # no sequence slot left: nothing further can fit
@@ -59,4 +54,9 @@ def admissions_in_order(view, ranked, accept=None, kv_charge=None, limit=None):
 
 def admit_in_order(view, ranked, accept=None, kv_charge=None, limit=None) -> list:
     """The whole walk of :func:`admissions_in_order`, as a list."""
+    if kv_charge is None and len(ranked) > 32:
+        # A long queue: drop at once every request whose prompt cannot fit in the KV room left now
+        # (the room only shrinks along the walk), and walk the rest.
+        r = np.fromiter(ranked, dtype=np.int64, count=len(ranked))
+        ranked = r[view.input_tokens[r] <= view.model.max_kv_tokens - view.kv_used].tolist()
     return list(admissions_in_order(view, ranked, accept, kv_charge, limit))

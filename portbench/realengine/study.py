@@ -20,7 +20,7 @@ import pandas as pd
 
 from .. import store
 from ..metrics import cell_metrics, slo_violation_rate
-from ..regions import REGIONS, VIOLATION_THRESHOLD
+from ..regions import REGIONS, VIOLATION_THRESHOLD, bisect_log10
 from ..workload import Window, scale
 from . import BACKENDS
 
@@ -77,18 +77,9 @@ def find_real_lambda_ref(window: Window, replay, *, lo: float, hi: float, steps:
         probes.append({"window_id": window.window_id, "lambda": lam, "violation_rate": r})
         return r
 
-    a, b = math.log10(lo), math.log10(hi)
-    if rate(10 ** a) >= VIOLATION_THRESHOLD:
-        return 10 ** a, probes
-    if rate(10 ** b) < VIOLATION_THRESHOLD:
-        return 10 ** b, probes
-    for _ in range(steps):
-        mid = (a + b) / 2
-        if rate(10 ** mid) < VIOLATION_THRESHOLD:
-            a = mid
-        else:
-            b = mid
-    return 10 ** ((a + b) / 2), probes
+    lam, _ = bisect_log10(lambda log_lambda: rate(10.0 ** log_lambda) < VIOLATION_THRESHOLD,
+                          math.log10(lo), math.log10(hi), steps)
+    return lam, probes
 
 
 def run_case(backend_name: str, *, n_per_source: int = 10, sources=CASE_SOURCES,
