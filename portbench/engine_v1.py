@@ -88,6 +88,7 @@ class VllmV1Model:
     fit to our own engine profiles."""
 
     name: ClassVar[str] = "vllm_v1"
+    fixed_steps: ClassVar[bool] = False
     max_num_batched_tokens: int = 2048
     max_active_sequences: int = 64
     max_kv_tokens: int = 131072
@@ -101,8 +102,15 @@ class VllmV1Model:
 
     @property
     def step_s(self) -> float:
-        """A nominal step (the fixed cost): what fixed-step policy timers would assume."""
+        """A nominal step (the fixed cost)."""
         return self.cost.fixed_s
+
+    @property
+    def longest_quiet_step_s(self) -> float:
+        """The longest a step can last in which only decoding happens: every sequence decoding, the
+        whole cache read (the engine's picosecond costs, plus a nanosecond for float round-off)."""
+        c0, _, cd, cc = self.cost.picoseconds()
+        return (c0 + cd * self.max_active_sequences + cc * self.max_kv_tokens) / PS + 1e-9
 
     def make_engine(self, window, policy, priority=None):
         return _V1Engine(window, policy, self, priority)
@@ -324,7 +332,6 @@ class _V1Engine:
         nxt = 0
         self.t_ps = self.arrival_ps[order[0]]
         drain_left = None
-        fixed_step_timers = getattr(self.policy, "timers_assume_fixed_steps", False)
         # An admission-only policy is asked only when some waiting request could be admitted.
         lazy = event_skipping and self._admission_only
         while True:
@@ -345,7 +352,7 @@ class _V1Engine:
                 drain_left -= 1
                 if drain_left <= 0:
                     break
-            if event_skipping and quiet and not fixed_step_timers:
+            if event_skipping and quiet:
                 k = self._quiet_steps(view, order, nxt, drain_left, blocked)
                 if k > 0:
                     self._bulk_decode(k)
@@ -531,4 +538,5 @@ class _V1View(EngineView):
     def refresh(self):
         super().refresh()
         self.now = self._engine.now
+        self.prev_step_start_s = self._engine.last_step_start_ps / PS
         return self

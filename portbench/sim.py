@@ -37,11 +37,18 @@ class LsspModel:
     """
 
     name: ClassVar[str] = "lssp"
+    #: Step k starts at exactly ``k * step_s``.
+    fixed_steps: ClassVar[bool] = True
     step_s: float = 0.001
     max_active_sequences: int = 64
     max_batch_tokens: int = 4096
     max_kv_tokens: int = 131072
     drain_steps: int = 50_000
+
+    @property
+    def longest_quiet_step_s(self) -> float:
+        """The longest a step can last in which only decoding happens."""
+        return self.step_s
 
     def make_engine(self, window, policy, priority=None):
         return _Engine(window, policy, self, priority)
@@ -66,7 +73,8 @@ NOTHING = Decision()
 class EngineView:
     """The read-only state a policy sees. Arrays are indexed by request id; do not modify them."""
 
-    __slots__ = ("model", "step", "now", "waiting", "running", "arrival_s", "deadline_s",
+    __slots__ = ("model", "step", "now", "prev_step_start_s", "waiting", "running", "arrival_s",
+                 "deadline_s",
                  "input_tokens", "predicted_output_tokens", "priority", "decoded", "kv_used",
                  "n_requests", "_engine")
 
@@ -84,6 +92,7 @@ class EngineView:
         e = self._engine
         self.step = e.step
         self.now = e.step * e.model.step_s
+        self.prev_step_start_s = (e.step - 1) * e.model.step_s   # the step before (run or skipped)
         self.waiting = tuple(e.waiting)
         self.running = tuple(e.running)
         self.decoded = e.decoded
@@ -105,9 +114,6 @@ class Policy:
     """
 
     name: ClassVar[str] = ""
-    #: True when the policy's timers (:meth:`wake_step`) convert times to steps with the model's fixed
-    #: ``step_s``: an engine model whose steps vary in length then walks every step for it.
-    timers_assume_fixed_steps: ClassVar[bool] = False
     #: True when :meth:`schedule` only admits (never preempts or holds) and is a pure function of the
     #: view (no state kept across steps): an engine may then skip calling it at steps where no waiting
     #: request could be admitted whatever it answered. The event-skipping tests check the claim.
@@ -120,8 +126,41 @@ class Policy:
         raise NotImplementedError
 
     def wake_step(self, view: EngineView) -> float:
-        """The earliest step after ``view.step`` at which the decision may change on its own."""
+        """The earliest step after ``view.step`` at which the decision may change on its own (a
+        timer on the clock is turned into a step with :func:`first_step_when`)."""
         return NEVER
+
+
+def first_step_when(view: EngineView, cond, t_guess: float) -> float:
+    """The first step after ``view.step`` at whose start ``cond(now)`` may hold, for a condition on
+    the clock that stays true once true; ``t_guess`` is about where it turns true.
+
+    With fixed steps (``lssp``) step k starts at ``k * step_s`` and the answer is exact. Where steps
+    vary in length (``vllm_v1``) an engine skips only steps in which nothing but decoding happens, none
+    longer than the model's ``longest_quiet_step_s``: step k then starts no later than
+    ``now + (k - step) * longest``, and the answer is the first step that could start with ``cond``
+    true — never later than the exact one, so a policy using it is asked again in time.
+    """
+    s, m = view.step, view.model
+    if m.fixed_steps:
+        dt = m.step_s
+
+        def start(k):
+            return k * dt
+    else:
+        dt, now = m.longest_quiet_step_s, view.now
+
+        def start(k):
+            return now + (k - s) * dt
+    guess = s + (t_guess - start(s)) / dt
+    if not math.isfinite(guess):
+        return NEVER if guess > 0 else s + 1
+    k = max(s + 1, math.ceil(guess))
+    while k > s + 1 and cond(start(k - 1)):
+        k -= 1
+    while not cond(start(k)):
+        k += 1
+    return k
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

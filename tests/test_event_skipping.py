@@ -79,7 +79,7 @@ def frozen_windows():
 
 @pytest.mark.parametrize("policy", ["fifo", "edf", "least_laxity_first", "estimated_service_time_first",
                                     "weighted_fair_share", "admission_control", "vllm_faithful",
-                                    "slai_faithful"])
+                                    "slai_faithful", "kv_constrained_online", "scorpio_style_slo_guard"])
 def test_vllm_v1_fast_path_on_frozen_windows(policy, frozen_windows):
     """Real windows at and far past the vllm_v1 knee (long queues, KV-bound admission, preemption):
     the fast path, with its stretches over arrivals that cannot be admitted, equals the walk."""

@@ -1,8 +1,6 @@
 """``kv_constrained_online``: keep KV use under 0.82 of the cache unless a request is urgent."""
 
-import math
-
-from ..sim import NEVER, Decision, Policy
+from ..sim import NEVER, Decision, Policy, first_step_when
 from . import register
 from ._common import ALPHA, BETA, admit_in_order
 
@@ -29,7 +27,6 @@ class KvConstrainedOnline(Policy):
     """
 
     name = "kv_constrained_online"
-    timers_assume_fixed_steps = True      # its timers count 1 ms steps
 
     #: Weight of the predicted output in the ranking's KV cost (fixed in the study).
     KV_COST_OUTPUT_WEIGHT = 0.25
@@ -79,24 +76,10 @@ class KvConstrainedOnline(Policy):
         self._wake = (view.step, wake)
         return Decision(admit=admitted)
 
-    def _is_urgent_at(self, view, i, k):
-        return (float(view.deadline_s[i]) - k * view.model.step_s) - self._est_s(view, i) \
-            <= self.urgent_laxity_seconds
-
     def _urgent_step(self, view, i):
         """The first step after ``view.step`` at which request ``i`` is urgent (NEVER if none)."""
-        s = view.step
-        dt = view.model.step_s
-        target = (float(view.deadline_s[i]) - self._est_s(view, i) - self.urgent_laxity_seconds) / dt
-        if not math.isfinite(target):
-            return NEVER if target > 0 else s + 1
-        k = max(s + 1, math.ceil(target))
-        # The condition is monotone in k; fix the float round-off of the solve exactly.
-        while k > s + 1 and self._is_urgent_at(view, i, k - 1):
-            k -= 1
-        while not self._is_urgent_at(view, i, k):
-            k += 1
-        return k
+        d, est, urgent_lax = float(view.deadline_s[i]), self._est_s(view, i), self.urgent_laxity_seconds
+        return first_step_when(view, lambda now: (d - now) - est <= urgent_lax, d - est - urgent_lax)
 
     def wake_step(self, view):
         step, wake = self._wake

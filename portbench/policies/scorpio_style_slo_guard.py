@@ -1,8 +1,6 @@
 """``scorpio_style_slo_guard``: the study's SCORPIO-inspired guard (credit bucket, deadline filter)."""
 
-import math
-
-from ..sim import NEVER, Decision, Policy
+from ..sim import NEVER, Decision, Policy, first_step_when
 from . import register
 from ._common import ALPHA, BETA, admit_in_order, fits
 
@@ -46,7 +44,6 @@ class ScorpioStyleSloGuard(Policy):
     """
 
     name = "scorpio_style_slo_guard"
-    timers_assume_fixed_steps = True      # its timers count 1 ms steps
 
     #: Laxity (s) below which a long-decode request passes the filter of step 5 (fixed in the study).
     LONG_DECODE_UNLOCK_LAXITY_S = 0.5
@@ -176,24 +173,12 @@ class ScorpioStyleSloGuard(Policy):
                 wake = min(wake, self._unlock_step(view, i, lax[i]))
         return wake
 
-    def _lax_at(self, view, i, k):
-        return (float(view.deadline_s[i]) - k * view.model.step_s) - self._est_s(
-            int(view.input_tokens[i]), int(view.predicted_output_tokens[i]))
-
     def _unlock_step(self, view, i, lax_now):
         """The first step after ``view.step`` at which ``lax < 0.5`` for request ``i``."""
-        s = view.step
         unlock = self.LONG_DECODE_UNLOCK_LAXITY_S
-        dt = view.model.step_s
-        target = s + (lax_now - unlock) / dt
-        if not math.isfinite(target):
-            return NEVER if target > 0 else s + 1
-        k = max(s + 1, math.floor(target))
-        while k > s + 1 and self._lax_at(view, i, k - 1) < unlock:
-            k -= 1
-        while not self._lax_at(view, i, k) < unlock:
-            k += 1
-        return k
+        d = float(view.deadline_s[i])
+        est = self._est_s(int(view.input_tokens[i]), int(view.predicted_output_tokens[i]))
+        return first_step_when(view, lambda now: (d - now) - est < unlock, view.now + (lax_now - unlock))
 
     def wake_step(self, view):
         step, wake = self._wake

@@ -22,7 +22,6 @@ from ._paged import PagedPolicy
 @register
 class SlaiFaithful(PagedPolicy):
     name = "slai_faithful"
-    timers_assume_fixed_steps = True      # its timers count 1 ms steps
 
     def __init__(self, token_budget: int = 512, max_num_seqs: int = 128, decode_limit: int = 128,
                  block_size: int = 16, watermark: float = 0.01, tbt_s: float = 0.5,
@@ -40,12 +39,12 @@ class SlaiFaithful(PagedPolicy):
     def reset(self, view):
         super().reset(view)
         self._max_kv = view.model.max_kv_tokens
-        self._dt = view.model.step_s
         self._lst: dict[int, float] = {}    # last-schedule time of decoders
         self._last_kv = 0                   # real KV at the start of the last call
         self._last_active = 0               # running requests at the last call
         # With a TBT this short a served decoder could turn critical on the next step: walk every step.
-        self._never_skip = self.tbt_s - self.theta_high * self.step_size < 3 * self._dt
+        self._never_skip = (self.tbt_s - self.theta_high * self.step_size
+                            < 3 * view.model.longest_quiet_step_s)
 
     def _theta(self, kv) -> int:
         return self.theta_low if kv / self._max_kv < self.kv_threshold else self.theta_high
@@ -61,9 +60,8 @@ class SlaiFaithful(PagedPolicy):
         # Skipped steps had no prefill, no admission and no hold: every decoder was served (and
         # its LST refreshed) at each of them, and no request left before the last one. So the LST
         # is as of the last skipped step, with Θ from the real KV at its start.
-        s_last = view.step - 1
         kv = self._last_kv + self._last_active * skipped
-        value = (s_last * self._dt + self.tbt_s) - self._theta(kv) * self.step_size
+        value = (view.prev_step_start_s + self.tbt_s) - self._theta(kv) * self.step_size
         lst = self._lst
         for r in lst:
             lst[r] = value
