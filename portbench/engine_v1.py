@@ -276,8 +276,9 @@ class _V1Engine:
         self._wait_heap: list[tuple[int, int]] = []   # (target, request) of waiting ones, and stale rows
         self._admission_only = getattr(policy, "admission_only", False)
         self._held = np.zeros(n, dtype=np.bool_)
-        self._sched = np.zeros((max(model.max_active_sequences, 1) * 2 + 1, 2), dtype=np.int64)
-        self._finished = np.zeros(max(model.max_active_sequences, 1) + 1, dtype=np.int64)
+        # scratch rows for one step: at most max_active_sequences requests run in it
+        self._sched = np.zeros((model.max_active_sequences + 1, 2), dtype=np.int64)
+        self._finished = np.zeros(model.max_active_sequences + 1, dtype=np.int64)
 
     # the view's interface
     def kv_used(self) -> int:
@@ -296,12 +297,17 @@ class _V1Engine:
         heapq.heappush(self._wait_heap, (int(self.st[i, TARGET]), i))
 
     def _preempt(self, i: int) -> None:
+        """Recompute preemption: drop the KV of running request ``i``, put it first in the queue."""
         st = self.st
-        self.running.remove(i)
         self._kv -= int(st[i, COMPUTED])
         self.free_blocks += int(st[i, BLOCKS])
         st[i, BLOCKS] = st[i, COMPUTED] = 0
         st[i, TARGET] = st[i, INP] + st[i, DECODED]
+        self._requeue(i)
+
+    def _requeue(self, i: int) -> None:
+        """The queue side of a preemption (the state side is done)."""
+        self.running.remove(i)
         self._enqueue(i, front=True)
         self.n_preemptions += 1
 
@@ -387,9 +393,7 @@ class _V1Engine:
         if n_left < len(run):                     # the engine preempted from the end
             self._kv -= dropped
             for v in run[n_left:][::-1].tolist():
-                self.running.remove(v)
-                self._enqueue(v, front=True)
-                self.n_preemptions += 1
+                self._requeue(v)
             preempted = True
         all_ran = k == n_left
         # An admission refused for blocks or budget may go through later without any event (the

@@ -74,9 +74,8 @@ class EngineView:
     """The read-only state a policy sees. Arrays are indexed by request id; do not modify them."""
 
     __slots__ = ("model", "step", "now", "prev_step_start_s", "waiting", "running", "arrival_s",
-                 "deadline_s",
-                 "input_tokens", "predicted_output_tokens", "priority", "decoded", "kv_used",
-                 "n_requests", "_engine")
+                 "deadline_s", "input_tokens", "predicted_output_tokens", "priority", "decoded",
+                 "kv_used", "n_requests", "_engine")
 
     def __init__(self, engine: "_Engine"):
         self._engine = engine

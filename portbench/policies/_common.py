@@ -33,8 +33,6 @@ def admissions_in_order(view, ranked, accept=None, kv_charge=None, limit=None):
     """
     active, kv = view.n_active, view.kv_used
     slots = view.model.max_active_sequences
-    if active >= slots:
-        return
     n = 0
     for i in ranked:
         if active >= slots:          # no sequence slot left: nothing further can fit
