@@ -12,6 +12,7 @@ Every sub-command has its own ``--help``.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -134,7 +135,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: What a shell reports for a tool killed by SIGPIPE (128 + 13).
+_SIGPIPE_STATUS = 141
+
+
 def main(argv=None) -> int:
+    """Run one command; its exit status. A reader that stops early (``| head``) ends it quietly."""
+    try:
+        try:
+            return _run(argv)
+        finally:
+            # Flush here, so a closed pipe shows up in this handler and not at interpreter exit.
+            sys.stdout.flush()
+    except BrokenPipeError:
+        # As a Unix tool killed by SIGPIPE: no traceback, status 141. stdout now points at
+        # /dev/null so the interpreter's last flush of what is still buffered cannot fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return _SIGPIPE_STATUS
+
+
+def _run(argv) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import warnings
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -169,22 +170,16 @@ class FriedmanResult:
 # Small numeric pieces
 
 def benjamini_hochberg(p) -> np.ndarray:
-    """Benjamini–Hochberg adjusted p-values (same shape); NaN entries stay NaN and are not counted.
+    """Benjamini–Hochberg adjusted p-values (same shape) from ``scipy.stats.false_discovery_control``.
 
-    Equal to ``scipy.stats.false_discovery_control(p, method="bh")`` on the finite entries.
+    NaN entries stay NaN and are not counted in the family; p-values outside [0, 1] are refused.
     """
     p = np.asarray(p, dtype=float)
     out = np.full(p.shape, np.nan)
-    flat = p.ravel()
-    keep = np.flatnonzero(~np.isnan(flat))
-    m = keep.size
-    if m:
-        order = np.argsort(flat[keep], kind="stable")
-        adjusted = flat[keep][order] * m / np.arange(1, m + 1)
-        adjusted = np.minimum.accumulate(adjusted[::-1])[::-1]
-        res = np.empty(m)
-        res[order] = np.clip(adjusted, 0.0, 1.0)
-        out.ravel()[keep] = res
+    keep = ~np.isnan(p)
+    if keep.any():
+        # scipy refuses NaN, so the family is the defined entries only
+        out[keep] = sps.false_discovery_control(p[keep], method="bh")
     return out
 
 
@@ -640,8 +635,7 @@ def reversals(table: pd.DataFrame, metric: str, region: str, *, sources=None, po
             le = np.where(finite, boot <= 0, False).sum(axis=0) / n_fin
             ge = np.where(finite, boot >= 0, False).sum(axis=0) / n_fin
         p = np.where(n_fin > 0, np.minimum(1.0, 2 * np.minimum(le, ge)), np.nan)
-        ci = (np.quantile(boot, [alpha, 1 - alpha], axis=0) if finite.all()
-              else _nanquantile_cols(boot, alpha))
+        ci = _column_quantiles(boot, [alpha, 1 - alpha])
         per[s] = {"a": means[ii], "b": means[jj], "n": n_paired, "p": p, "lo": ci[0], "hi": ci[1]}
     orient = METRICS.get(metric, True)
     frames = []
@@ -686,15 +680,12 @@ def reversals(table: pd.DataFrame, metric: str, region: str, *, sources=None, po
     return out
 
 
-def _nanquantile_cols(boot: np.ndarray, alpha: float) -> np.ndarray:
-    """Column quantiles over finite entries; NaN for a column with none."""
-    out = np.full((2, boot.shape[1]), np.nan)
-    for k in range(boot.shape[1]):
-        col = boot[:, k]
-        col = col[np.isfinite(col)]
-        if col.size:
-            out[:, k] = np.quantile(col, [alpha, 1 - alpha])
-    return out
+def _column_quantiles(x: np.ndarray, q) -> np.ndarray:
+    """Quantiles ``q`` of each column over its finite entries; NaN for a column with none."""
+    with warnings.catch_warnings():
+        # a pair undefined in every resample has no interval: NaN is the answer, not a problem
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.nanquantile(np.where(np.isfinite(x), x, np.nan), q, axis=0)
 
 
 def reversal_analysis(table: pd.DataFrame, metrics=("anwg",), regions=None, **kwargs) -> pd.DataFrame:
@@ -930,7 +921,9 @@ def friedman(table: pd.DataFrame, metric: str, region: str, *, source=None, poli
     ``source=None`` pools the windows of all sources (the original's driver); a source id or a list
     restricts the blocks. Only policies defined in every block are kept. Post-hoc: Nemenyi
     (|R̄_i − R̄_j| / √(k(k+1)/(6n)) · √2 against the studentized range with k groups and df = ∞) and
-    Conover (t-test on rank sums with (n−1)(k−1) df and the tie-aware variance); both unadjusted.
+    Conover (t-test on rank sums with (n−1)(k−1) df and the tie-aware variance); both unadjusted,
+    as scikit-posthocs' ``posthoc_nemenyi_friedman`` and ``posthoc_conover_friedman(p_adjust=None)``
+    except that equal rank sums under zero variance give p = 1 (the library's 0/0 is NaN).
     NaN statistic when fewer than 3 policies or 2 blocks remain.
     """
     sub = _select(table, region=region, source=source, slo_multiplier=slo_multiplier)
@@ -972,40 +965,3 @@ def friedman(table: pd.DataFrame, metric: str, region: str, *, source=None, poli
     return FriedmanResult(float(chisq), pvalue, n, k, kept, dropped,
                           pd.Series(rsum / n, index=idx), pd.DataFrame(nem, index=idx, columns=idx),
                           pd.DataFrame(con, index=idx, columns=idx))
-
-
-# ---------------------------------------------------------------------------------------------
-# Timing check: the full 990-test reversal analysis on a synthetic study-sized table.
-
-def _synthetic_table(n_windows=40, seed=0) -> pd.DataFrame:
-    rng = np.random.default_rng(seed)
-    sources = ("azure_llm_2024", "bailian_qwen", "burstgpt")
-    regions = {"LOW": 0.5, "PRE_KNEE": 0.8, "KNEE": 1.0, "POST_KNEE": 1.1, "OVERLOAD": 1.2,
-               "HIGH_PRESSURE": 1.5}
-    policies = [f"policy_{k:02d}" for k in range(11)]
-    rows = []
-    for s in sources:
-        skill = rng.normal(size=len(policies))
-        for w in range(n_windows):
-            for r, f in regions.items():
-                base = rng.normal(size=len(policies)) * 0.05
-                for p, sk, b in zip(policies, skill, base):
-                    val = float(np.clip(1 - 0.3 * f + 0.05 * sk + b, 0, 1))
-                    rows.append({"source": s, "window_id": f"{s}_w{w:02d}", "region": r,
-                                 "region_factor": f, "policy": p, "slo_multiplier": 20.0,
-                                 **{m: val if hib else 1 - val for m, hib in METRICS.items()}})
-    return pd.DataFrame(rows)
-
-
-if __name__ == "__main__":
-    import time
-
-    table = _synthetic_table()
-    t0 = time.perf_counter()
-    res = reversal_analysis(table, metrics=("anwg",), n_resamples=2000, seed=0)
-    t1 = time.perf_counter()
-    print(f"{len(res)} reversal tests (2,000 resamples each) in {t1 - t0:.2f} s")
-    print(reversal_counts(res).to_string())
-    t0 = time.perf_counter()
-    cm = [cross_metric(table, s, r) for s in table["source"].unique() for r in table["region"].unique()]
-    print(f"cross-metric, 18 conditions × 55 metric pairs: {time.perf_counter() - t0:.2f} s")

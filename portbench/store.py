@@ -1,8 +1,15 @@
 """The frozen window store: ``data/windows/`` (one Parquet file per source plus a manifest).
 
 Every window's rows carry a sha256 in the manifest; loading recomputes it and refuses a window whose
-rows changed, naming it. Writes are atomic (temporary file, then rename), so an interrupted
-``portbench windows add`` leaves the store as it was.
+rows changed, naming it.
+
+Crash safety: ``manifest.csv`` is the store's single commit point. A write never touches a Parquet
+file that the current manifest names: the new rows go to a file no manifest row names (``<source>.parquet``
+when free, else ``<source>.1.parquet``, ...), then the new manifest, which names that file in its
+``parquet_file`` column, replaces the old one in one ``os.replace``; only then is the old file
+removed. A crash before that replace leaves the old manifest naming untouched files (at worst an
+unnamed file is left over, removed by the next write); a crash after it leaves the new store. A
+manifest without ``parquet_file`` (as shipped), or a row where it is empty, means ``<source>.parquet``.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from .workload import Window, make_window
 
@@ -24,6 +32,8 @@ REQUEST_COLUMNS = ["window_id", "request_index", "arrival_s", "input_tokens", "o
                    "predicted_output_tokens", "source_record_id"]
 #: Columns the manifest always has; sources may add provenance columns after them.
 MANIFEST_COLUMNS = ["source", "window_id", "n_requests", "sha256", "paper_lambda_ref"]
+#: Optional manifest column: the Parquet file (in the store folder) holding the row's window.
+FILE_COLUMN = "parquet_file"
 SOURCES_OF_THE_STUDY = ("azure_llm_2024", "bailian_qwen", "burstgpt")
 
 
@@ -50,8 +60,20 @@ def rows_sha256(arrival_s, input_tokens, output_tokens, predicted_output_tokens)
     return h.hexdigest()
 
 
-def atomic_write(path: Path, write) -> None:
-    """Call ``write(tmp_path)`` then move the temporary file onto ``path`` in one rename."""
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, write, *, durable: bool = False) -> None:
+    """Call ``write(tmp_path)`` then move the temporary file onto ``path`` in one rename.
+
+    ``durable``: also flush the file before the rename and the folder after it, so that after a power
+    loss the rename is never on disk without the file's contents (the window store's ordering).
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -59,36 +81,74 @@ def atomic_write(path: Path, write) -> None:
     try:
         write(Path(tmp))
         os.chmod(tmp, 0o644)
+        if durable:
+            _fsync(Path(tmp))
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    if durable:
+        _fsync(path.parent)
+
+
+def _damaged(path: Path) -> str:
+    """How to recover, for the messages about a damaged store file."""
+    return (f"the window store {Path(path).parent} is damaged; restore it from git (the shipped store: "
+            "`git checkout -- data/windows`) or rebuild it with `portbench windows import-lssp` or "
+            "`portbench windows add --replace`")
 
 
 def read_manifest(data_dir: Path | None = None) -> pd.DataFrame:
     path = windows_dir(data_dir) / "manifest.csv"
     if not path.exists():
         raise WindowStoreError(f"no window manifest at {path}")
-    manifest = pd.read_csv(path, dtype={"window_id": str, "source": str, "sha256": str})
+    try:
+        manifest = pd.read_csv(path, dtype={"window_id": str, "source": str, "sha256": str,
+                                            FILE_COLUMN: str})
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise WindowStoreError(f"{path}: unreadable manifest ({exc}); {_damaged(path)}") from None
     missing = [c for c in MANIFEST_COLUMNS if c not in manifest.columns]
     if missing:
-        raise WindowStoreError(f"{path}: missing columns {missing}")
+        raise WindowStoreError(f"{path}: missing columns {missing}; {_damaged(path)}")
     if manifest["window_id"].duplicated().any():
         dup = manifest.loc[manifest["window_id"].duplicated(), "window_id"].iloc[0]
         raise WindowStoreError(f"{path}: window_id {dup!r} listed twice")
     return manifest
 
 
+def _file_of(entry) -> str:
+    """The Parquet file a manifest row's window lives in (the shipped layout has no FILE_COLUMN)."""
+    name = entry.get(FILE_COLUMN)
+    if name is None or pd.isna(name) or name == "":
+        return f"{entry['source']}.parquet"
+    if Path(name).name != name or not name.endswith(".parquet"):
+        # A manifest only ever names files inside the store folder.
+        raise WindowStoreError(f"window {entry['window_id']!r}: manifest field '{FILE_COLUMN}' is "
+                               f"{name!r}, not a Parquet file name in the store folder")
+    return name
+
+
 @lru_cache(maxsize=16)
-def _read_source_table(path: str, mtime_ns: int) -> pd.DataFrame:
-    return pd.read_parquet(path)
+def _read_source_table(path: str, stamp: tuple) -> pd.DataFrame:
+    # ``stamp`` (mtime, inode, size) only keys the cache: a rewritten file is read again.
+    try:
+        table = pd.read_parquet(path)
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        # A truncated or overwritten file surfaces as a raw pyarrow error otherwise.
+        raise WindowStoreError(f"{path}: not a readable Parquet file ({exc}); {_damaged(path)}") from None
+    missing = [c for c in REQUEST_COLUMNS if c not in table.columns]
+    if missing:
+        raise WindowStoreError(f"{path}: missing columns {missing}; {_damaged(path)}")
+    return table
 
 
-def _source_table(data_dir: Path | None, source: str) -> pd.DataFrame:
-    path = windows_dir(data_dir) / f"{source}.parquet"
+def _source_table(data_dir: Path | None, entry) -> pd.DataFrame:
+    path = windows_dir(data_dir) / _file_of(entry)
     if not path.exists():
-        raise WindowStoreError(f"source {source!r} is in the manifest but {path} is missing")
-    return _read_source_table(str(path), path.stat().st_mtime_ns)
+        raise WindowStoreError(f"source {entry['source']!r} is in the manifest but {path} is missing; "
+                               f"{_damaged(path)}")
+    st = path.stat()
+    return _read_source_table(str(path), (st.st_mtime_ns, st.st_ino, st.st_size))
 
 
 def list_windows(data_dir: Path | None = None, source: str | None = None) -> pd.DataFrame:
@@ -124,7 +184,7 @@ def load_windows(data_dir: Path | None = None, source: str | None = None,
 
 
 def _window_from_entry(entry: pd.Series, data_dir: Path | None) -> Window:
-    table = _source_table(data_dir, entry["source"])
+    table = _source_table(data_dir, entry)
     rows = table[table["window_id"] == entry["window_id"]].sort_values("request_index")
     if len(rows) != entry["n_requests"]:
         raise WindowStoreError(f"window {entry['window_id']!r}: manifest says {entry['n_requests']} "
@@ -136,7 +196,8 @@ def _window_from_entry(entry: pd.Series, data_dir: Path | None) -> Window:
         raise WindowStoreError(f"window {entry['window_id']!r} failed its checksum: its rows were "
                                f"changed since the manifest was written (expected {entry['sha256'][:12]}…, "
                                f"got {digest[:12]}…)")
-    meta = {k: v for k, v in entry.items() if k not in ("source", "window_id") and not pd.isna(v)}
+    meta = {k: v for k, v in entry.items()
+            if k not in ("source", "window_id", FILE_COLUMN) and not pd.isna(v)}
     return make_window(entry["window_id"], entry["source"], *cols, meta=meta)
 
 
@@ -180,11 +241,40 @@ def write_source(source: str, windows: list[dict], data_dir: Path | None = None,
                         "sha256": rows_sha256(*(frame[c].to_numpy() for c in REQUEST_COLUMNS[2:6])),
                         "paper_lambda_ref": extra.pop("paper_lambda_ref", np.nan), **extra})
     table = pd.concat(frames, ignore_index=True)
+    # The new rows go to a file the current manifest does not name (module docstring), so the live
+    # store is never touched before the manifest switch.
+    live = _named_files(manifest)
+    # len(live) + 1 candidates cannot all be taken.
+    name = next(n for n in (f"{source}.parquet", *(f"{source}.{k}.parquet" for k in range(1, len(live) + 1)))
+                if n not in live)
+    for entry in entries:
+        entry[FILE_COLUMN] = name
     new_manifest = pd.concat([others, pd.DataFrame(entries)], ignore_index=True)
     new_manifest = new_manifest.sort_values(["source", "window_id"], kind="stable").reset_index(drop=True)
-    atomic_write(wdir / f"{source}.parquet", lambda p: table.to_parquet(p, index=False))
-    atomic_write(manifest_path, lambda p: new_manifest.to_csv(p, index=False))
+    try:
+        atomic_write(wdir / name, lambda p: table.to_parquet(p, index=False), durable=True)
+        atomic_write(manifest_path, lambda p: new_manifest.to_csv(p, index=False), durable=True)  # commit
+    except Exception:
+        # Drop the new file unless the manifest switch happened (a failure after the rename).
+        try:
+            committed = name in _named_files(read_manifest(data_dir))
+        except WindowStoreError:   # no manifest: nothing names the file
+            committed = False
+        if not committed:
+            (wdir / name).unlink(missing_ok=True)
+        raise
+    # Committed. Now remove what no manifest row names: the replaced file and any leftovers of a
+    # crashed write (unnamed Parquet files, temporary files). A crash here only leaves such files.
+    keep = _named_files(new_manifest)
+    for stale in [*wdir.glob("*.parquet"), *wdir.glob(".*.tmp")]:
+        if stale.name not in keep:
+            stale.unlink(missing_ok=True)
     return pd.DataFrame(entries)
+
+
+def _named_files(manifest: pd.DataFrame) -> set[str]:
+    """The Parquet files a manifest names."""
+    return {_file_of(row) for _, row in manifest.iterrows()}
 
 
 def import_lssp(shared_dir: Path, data_dir: Path | None = None) -> pd.DataFrame:

@@ -134,6 +134,11 @@ def _to_numbers(text: pd.Series, rows: np.ndarray, field: str) -> tuple[np.ndarr
             return f"not a number: {cell!r}"
         return np.zeros(len(text)), _first(bad, rows, field, what)
     arr = values.to_numpy()
+    if arr.dtype.kind in "uO":
+        # pandas falls back to uint64 (or Python ints) for integers past int64's range; they cannot
+        # stay exact in the int64 columns downstream, so take them as floats (token readers then
+        # refuse them as out of range instead of letting the int64 cast wrap them).
+        arr = arr.astype(np.float64)
     if arr.dtype.kind == "f":
         infinite = ~np.isfinite(arr)
         if infinite.any():
@@ -149,7 +154,16 @@ def _to_tokens(text: pd.Series, rows: np.ndarray, field: str, *,
         return values, problem
     if values.dtype.kind == "f":
         fractional = values != np.floor(values)
-        problem = _first(fractional, rows, field, lambda i: f"token count is not an integer: {values[i]!r}")
+        # Checked before the int64 cast below, which would silently wrap an out-of-range value
+        # (1e20 became -9223372036854775808). 2**63 is exact in float64; int64 holds [-2**63, 2**63).
+        huge = (values >= 2.0 ** 63) | (values < -(2.0 ** 63))
+        raw = text.str.strip().to_numpy(dtype=object)
+        problem = _earliest([
+            _first(fractional, rows, field, lambda i: f"token count is not an integer: {values[i]!r}"),
+            _first(huge, rows, field, lambda i: f"token count {raw[i]} is out of range (the largest "
+                   f"allowed is {np.iinfo(np.int64).max})" if values[i] > 0
+                   else f"negative token count {raw[i]}"),
+        ])
         if problem:
             return values, problem
     values = values.astype(np.int64)

@@ -311,6 +311,12 @@ CELL_CASES = [
     ("empty_output", 3, 2, "", "empty value"),
     ("non_numeric_output", 1, 2, "abc", "not a number: 'abc'"),
     ("fractional_input", 0, 1, 1.5, "not an integer"),
+    # Past int64: once wrapped round to "negative token count -9223372036854775808".
+    ("huge_input", 1, 1, 99999999999999999999, "token count 99999999999999999999 is out of range"),
+    ("uint64_output", 2, 2, 10000000000000000000, "token count 10000000000000000000 is out of range"),
+    ("just_past_int64_input", 3, 1, 2**63, f"token count {2**63} is out of range"),
+    ("float_huge_output", 0, 2, 1e30, "token count 1e\\+30 is out of range"),
+    ("huge_negative_input", 2, 1, -99999999999999999999, "negative token count -99999999999999999999"),
 ]
 
 
@@ -329,6 +335,34 @@ def test_bad_cell_names_file_row_and_field(tmp_path, fmt, case, i, col, value, w
     with pytest.raises(TraceFormatError, match=what) as exc:
         FORMATS[fmt]["read"](path)
     assert_names(exc.value, path, i + 1, FORMATS[fmt]["cols"][col])
+
+
+def test_largest_int64_token_count_is_kept(tmp_path):
+    path = _fixture(tmp_path, "generic", _with(_base_rows("generic"), 1, 1, 2**63 - 1))
+    frame, _ = FORMATS["generic"]["read"](path)
+    assert frame["input_tokens"].tolist()[1] == 2**63 - 1
+
+
+# The CLI's --format names and the FORMATS fixture each one reads.
+CLI_FORMATS = {"burstgpt": "burstgpt", "azure": "azure", "bailian": "bailian_jsonl",
+               "bailian_csv": "bailian_csv", "csv": "generic"}
+
+
+@pytest.mark.parametrize("cli_fmt", CLI_FORMATS)
+def test_out_of_range_tokens_via_add_source_write_nothing(tmp_path, cli_fmt):
+    fmt = CLI_FORMATS[cli_fmt]
+    path = _fixture(tmp_path, fmt, _with(_base_rows(fmt), 2, 2, 99999999999999999999))
+    data = tmp_path / "data"
+    store.write_source("existing", [{"window_id": "existing_w00", "arrival_s": [0.0, 1.0],
+                                     "input_tokens": [3, 4], "output_tokens": [5, 6],
+                                     "predicted_output_tokens": [5, 6]}], data)
+    before = snapshot(data)
+    cmap = dict(zip(("arrival_s", "input_tokens", "output_tokens"), FORMATS["generic"]["cols"]))
+    with pytest.raises(TraceFormatError, match="out of range") as exc:
+        add_source("new", path, fmt=cli_fmt.removesuffix("_csv"), n_windows=1, window_size=2, seed=0,
+                   data_dir=data, column_map=cmap if cli_fmt == "csv" else None)
+    assert_names(exc.value, path, 3, FORMATS[fmt]["cols"][2])
+    assert snapshot(data) == before
 
 
 @pytest.mark.parametrize("fmt", [f for f in FORMATS if f != "burstgpt"])

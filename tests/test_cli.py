@@ -1,0 +1,38 @@
+"""The command line as a shell user runs it: output piped into a reader that stops early."""
+
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+DATA = str(REPO / "data")
+
+
+def _quiet(stderr: str) -> bool:
+    return not any(s in stderr for s in ("Traceback", "BrokenPipeError", "Exception ignored"))
+
+
+@pytest.mark.parametrize("args", [["policies"], ["--data-dir", DATA, "windows", "list"],
+                                  ["--data-dir", DATA, "windows", "describe"], ["--help"]],
+                         ids=["policies", "windows-list", "windows-describe", "help"])
+def test_output_into_a_closed_pipe_ends_quietly(args):
+    """The reader is gone before the first write (as `| head -0`): every write meets a broken pipe."""
+    proc = subprocess.Popen([sys.executable, "-m", "portbench.cli", *args], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()
+    stderr = proc.stderr.read()
+    rc = proc.wait(timeout=120)
+    assert _quiet(stderr), stderr
+    assert stderr == ""
+    assert rc in (0, 141)   # 141: as a tool killed by SIGPIPE
+
+
+@pytest.mark.parametrize("command", ["policies", "windows list"])
+def test_pipe_into_head_ends_quietly(command):
+    line = f"{shlex.quote(sys.executable)} -m portbench.cli --data-dir {shlex.quote(DATA)} {command} | head -1"
+    done = subprocess.run(["sh", "-c", line], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert _quiet(done.stderr), done.stderr
+    assert done.returncode == 0 and len(done.stdout.splitlines()) == 1
