@@ -353,3 +353,38 @@ def load_results(engine: str = "lssp", data_dir: Path | None = None) -> pd.DataF
     if not path.exists():
         raise FileNotFoundError(f"no campaign results at {path}: run `portbench campaign` first")
     return pd.read_parquet(path)
+
+
+def diff_tables(old: pd.DataFrame, new: pd.DataFrame, *, ignore=("cell_key",)) -> list[str]:
+    """Column-by-column differences between two campaign tables (cells matched on their identity);
+    ``[]`` when every value is identical (NaN equal to NaN). ``cell_key`` hashes the code, so it is
+    ignored by default."""
+    ids = ["window_id", "region", "policy", "slo_multiplier"]
+    problems = []
+    if len(old) != len(new):
+        problems.append(f"{len(old)} cells before, {len(new)} now")
+    a = old.set_index(ids).sort_index()
+    b = new.set_index(ids).sort_index()
+    if not a.index.equals(b.index):
+        problems.append(f"cells differ: {len(a.index.difference(b.index))} gone, "
+                        f"{len(b.index.difference(a.index))} new")
+        both = a.index.intersection(b.index)
+        a, b = a.loc[both], b.loc[both]
+    for col in a.columns:
+        if col in ignore:
+            continue
+        if col not in b.columns:
+            problems.append(f"column {col} is gone")
+            continue
+        x, y = a[col].to_numpy(), b[col].to_numpy()
+        if x.dtype.kind == "f" or y.dtype.kind == "f":
+            same = (x == y) | (pd.isna(x) & pd.isna(y))
+        else:
+            same = x == y
+        if not same.all():
+            first = a.index[~same][0]
+            problems.append(f"{col}: {int((~same).sum())} cells differ, first {first}: "
+                            f"{x[~same][0]!r} -> {y[~same][0]!r}")
+    for col in set(b.columns) - set(a.columns) - set(ignore):
+        problems.append(f"new column {col}")
+    return problems

@@ -45,9 +45,11 @@ from typing import ClassVar
 import numba
 import numpy as np
 
-from .sim import Decision, EngineView, Policy, RunResult
+from .sim import NEVER, Decision, EngineView, Policy, PolicyContractError, RunResult, check_decision
 
 PS = 10 ** 12          # picoseconds per second
+_TIMER_MARGIN_PS = 10 ** 6      # a clock timer fires up to a microsecond early (float round-off)
+_MAX_STRETCH = 1 << 40          # no other bound on a stretch's length than its events
 _NO_DECISION = Decision()
 
 
@@ -94,7 +96,7 @@ class VllmV1Model:
     max_kv_tokens: int = 131072
     block_size: int = 16
     cost: StepCost = StepCost()
-    drain_steps: int = 50_000
+    drain_s: float = 50.0
 
     @property
     def max_batch_tokens(self) -> int:      # the name the policies' hard-limit check reads
@@ -276,6 +278,10 @@ class _V1Engine:
         self._wait_heap: list[tuple[int, int]] = []   # (target, request) of waiting ones, and stale rows
         self._admission_only = getattr(policy, "admission_only", False)
         self._held = np.zeros(n, dtype=np.bool_)
+        self.refused: tuple = ()            # (request, reason) where the last decision's admissions stopped
+        self._decision = _NO_DECISION       # the decision of the last executed step
+        self._drain_end_ps = None           # no step starts at or after it (set at the last arrival)
+        self.step_starts_ps = None          # a list when recording (the step-by-step check's diagnostics)
         # scratch rows for one step: at most max_active_sequences requests run in it
         self._sched = np.zeros((model.max_active_sequences + 1, 2), dtype=np.int64)
         self._finished = np.zeros(model.max_active_sequences + 1, dtype=np.int64)
@@ -337,33 +343,29 @@ class _V1Engine:
             return
         nxt = 0
         self.t_ps = self.arrival_ps[order[0]]
-        drain_left = None
         # An admission-only policy is asked only when some waiting request could be admitted.
         lazy = event_skipping and self._admission_only
         while True:
             while nxt < n and self.arrival_ps[order[nxt]] <= self.t_ps:
                 self._enqueue(order[nxt])
                 nxt += 1
-            if nxt == n and drain_left is None:
-                drain_left = m.drain_steps
+            if nxt == n and self._drain_end_ps is None:
+                self._drain_end_ps = self.t_ps + int(round(m.drain_s * PS))
             if not self.waiting and not self.running:
                 if nxt == n:
                     break
                 self.t_ps = self.arrival_ps[order[nxt]]       # idle: jump to the next arrival
                 continue
-            if not lazy:
-                view.refresh()
-            quiet, blocked = self._execute_step(None if lazy else self.policy.schedule(view), view)
-            if drain_left is not None:
-                drain_left -= 1
-                if drain_left <= 0:
-                    break
+            if self._drain_end_ps is not None and self.t_ps >= self._drain_end_ps:
+                break                                         # the drain bound: no step starts now
+            if self.step_starts_ps is not None:
+                self.step_starts_ps.append(self.t_ps)
+            d = None if lazy else check_decision(self.policy, self.policy.schedule(view.refresh()))
+            quiet, blocked = self._execute_step(d, view)
             if event_skipping and quiet:
-                k = self._quiet_steps(view, order, nxt, drain_left, blocked)
+                k = self._quiet_steps(view, order, nxt, blocked)
                 if k > 0:
                     self._bulk_decode(k)
-                    if drain_left is not None:
-                        drain_left -= k
 
     def _execute_step(self, d, view) -> tuple[bool, bool]:
         """One engine step. ``d`` is the policy's decision, or None to ask the (admission-only) policy
@@ -378,7 +380,8 @@ class _V1Engine:
         if d is not None and d.preempt:           # policy-directed preemption
             for i in d.preempt:
                 if i not in running:
-                    raise RuntimeError(f"policy {self.policy.name!r} preempted request {i}, which is not running")
+                    raise PolicyContractError(f"policy {self.policy.name!r} preempted request {i} at "
+                                              f"step {self.step}, which is not running")
                 self._preempt(i)
             preempted = True
         # running requests first
@@ -401,25 +404,34 @@ class _V1Engine:
         # request at all could be admitted; one refused only for sequence slots stays refused until
         # a completion.
         refused_for_room = admitted = False
+        self.refused = ()
+        if d is None:
+            # nothing has changed that the view shows, so it still shows the step's start
+            d = _NO_DECISION if preempted or self._admission_impossible(budget, self.free_blocks) else \
+                check_decision(self.policy, self.policy.schedule(view.refresh()))
+        self._decision = d
         if not preempted:
-            if d is None:
-                # nothing has changed that the view shows, so it still shows the step's start
-                d = _NO_DECISION if self._admission_impossible(budget, self.free_blocks) else \
-                    self.policy.schedule(view.refresh())
             sched = self._sched
             for i in d.admit:
                 if not self.is_waiting[i]:
+                    if i in running or not 0 <= i < self.n or self.st[i, FINISH] >= 0 or \
+                            self.arrival_ps[i] > self.t_ps:
+                        raise PolicyContractError(f"policy {self.policy.name!r} admitted request {i} "
+                                                  f"at step {self.step}, which is not waiting")
                     continue
                 if len(running) >= m.max_active_sequences:
+                    self.refused = ((i, "seqs"),)
                     break
                 if budget <= 0:
                     refused_for_room = True
+                    self.refused = ((i, "budget"),)
                     break
                 target = int(st[i, TARGET])           # nothing computed, no blocks while waiting
                 n_new = min(target, budget)
                 need = -(-n_new // bs)
                 if need > self.free_blocks:
                     refused_for_room = True
+                    self.refused = ((i, "kv"),)
                     break                          # head-of-line: admission stops here
                 self.free_blocks -= need
                 st[i, BLOCKS] = need
@@ -464,7 +476,21 @@ class _V1Engine:
         c0, _, cd, cc = self._c
         return k * (c0 + cd * D + cc * C0) + cc * D * (k * (k - 1) // 2)
 
-    def _quiet_steps(self, view, order, nxt, drain_left, blocked) -> int:
+    def _steps_starting_before(self, limit_ps: int, k: int, D: int, C0: int) -> int:
+        """The most of the next ``k`` pure-decode steps that all start before ``limit_ps``."""
+        limit = limit_ps - self.t_ps        # the j-th step of a stretch starts at span(j - 1)
+        if k <= 0 or self._span_ps(k - 1, D, C0) < limit:
+            return max(0, k)
+        lo, hi = 0, k - 1
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self._span_ps(mid - 1, D, C0) < limit:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def _quiet_steps(self, view, order, nxt, blocked) -> int:
         """How many next steps are pure decodes in which nothing else can happen (the last of them
         may complete requests: they leave at its end, as they would walking step by step).
 
@@ -476,7 +502,7 @@ class _V1Engine:
         C0 = self._kv
         # completions (the first one included) and KV blocks
         k = _stretch_bound(np.array(self.running, dtype=np.int64), self.st, self.free_blocks,
-                           m.block_size, m.drain_steps)
+                           m.block_size, _MAX_STRETCH)
         # the next arrival that matters: every step of the stretch must start before it
         stop = nxt
         if blocked and k > 0:
@@ -484,28 +510,23 @@ class _V1Engine:
             slot = D < m.max_active_sequences
             end_ps = self.t_ps + self._span_ps(k, D, C0)
             n = self.n
-            # The last arrival always stops the stretch: it starts the drain count.
+            # The last arrival always stops the stretch: it starts the drain clock.
             while stop < n - 1 and self.arrival_ps[order[stop]] < end_ps and not (
                     slot and budget > 0
                     and self._first_chunk_blocks(self.inp[order[stop]], budget) <= self.free_blocks):
                 stop += 1
-        if stop < self.n and k > 0:
-            # the j-th step of the stretch starts at span(j - 1); the largest k with span(k - 1) < limit
-            limit = self.arrival_ps[order[stop]] - self.t_ps
-            lo, hi = (k, k) if self._span_ps(k - 1, D, C0) < limit else (0, k - 1)
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                if self._span_ps(mid - 1, D, C0) < limit:
-                    lo = mid
-                else:
-                    hi = mid - 1
-            k = lo
+        if stop < self.n:
+            k = self._steps_starting_before(self.arrival_ps[order[stop]], k, D, C0)
         if not blocked:
-            wake = self.policy.wake_step(view.refresh() if self._admission_only else view)
-            if wake != math.inf:
-                k = min(k, max(0, int(wake) - self.step))
-        if drain_left is not None:
-            k = min(k, drain_left - 1)
+            # the policy's timers (of the decision of the step just executed)
+            d = self._decision
+            if d.wake_after_steps < NEVER:
+                k = min(k, int(d.wake_after_steps) - 1)
+            if d.wake_at_s < NEVER:
+                # no skipped step may start at or after the timer (a microsecond early, for round-off)
+                k = self._steps_starting_before(math.ceil(d.wake_at_s * PS) - _TIMER_MARGIN_PS, k, D, C0)
+        if self._drain_end_ps is not None:
+            k = self._steps_starting_before(self._drain_end_ps, k, D, C0)
         return max(0, k)
 
     def _bulk_decode(self, k: int) -> None:

@@ -10,9 +10,24 @@ One run replays one window on one engine from an empty state. Each step ``s`` (s
    ``(s + 1) * step_s``; a request that reaches its true output length completes and leaves at once.
 
 Steps in which nothing can change are not walked one by one: after a step the engine jumps to the
-next step at which anything can (an arrival becomes visible, a request completes, or the policy's own
-timer fires, see :meth:`Policy.wake_step`), decoding the skipped steps in bulk. ``event_skipping=False``
-walks every step; the tests prove both give identical results, request by request.
+next step at which anything can (an arrival becomes visible, a request completes, the policy's own
+timer fires — see :class:`Decision` — or the policy preempted or held something), decoding the skipped
+steps in bulk. ``event_skipping=False`` walks every step and asks the policy at each; the tests (and
+:func:`portbench.testing.check_policy`, for any policy) prove both give identical results, request by
+request.
+
+The policy interface, in one place (see also the book's "Add your own scheduler"):
+
+- a policy sees a read-only :class:`EngineView` and returns a :class:`Decision` — which waiting
+  requests to admit, in order; which running ones to preempt or hold for this step; and when it wants
+  to be asked again on its own (``wake_at_s``, a time on the clock, or ``wake_after_steps``);
+- the engine owns every rule: it admits a proposed request only if the engine model's limits allow,
+  reports what it refused in ``view.refused`` at the next call, and schedules the policy's timers as
+  events. A step that admits, preempts or holds is always followed by a step in which the policy is
+  asked again; the clock and the decoded counts move on in skipped steps, so a decision that depends
+  on them needs a timer;
+- a policy that declares ``admission_only`` must never preempt or hold (the engine raises
+  :class:`PolicyContractError` if it does) and must decide from the view alone.
 """
 
 from __future__ import annotations
@@ -28,12 +43,17 @@ from .workload import Window
 NEVER = math.inf
 
 
+class PolicyContractError(RuntimeError):
+    """A policy broke the interface's contract (or the fast engine and the step-by-step loop disagree)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class LsspModel:
     """The original study's engine model: fixed 1 ms steps, free prefill, one token per step.
 
     Hard limits are checked at admission only (KV use keeps growing with decoded tokens and may pass
-    the cap, as in the study). ``drain_steps`` bounds the run after the last arrival is enqueued.
+    the cap, as in the study). ``drain_s`` bounds the run after the last arrival is enqueued: the
+    study's 50,000 steps of 1 ms.
     """
 
     name: ClassVar[str] = "lssp"
@@ -43,7 +63,12 @@ class LsspModel:
     max_active_sequences: int = 64
     max_batch_tokens: int = 4096
     max_kv_tokens: int = 131072
-    drain_steps: int = 50_000
+    drain_s: float = 50.0
+
+    @property
+    def drain_steps(self) -> int:
+        """Steps run after the last arrival is enqueued (``drain_s`` in whole steps)."""
+        return max(1, round(self.drain_s / self.step_s))
 
     @property
     def longest_quiet_step_s(self) -> float:
@@ -59,12 +84,24 @@ class Decision:
     """What a policy asks for in one step. Ids are request indices within the window.
 
     ``admit`` is taken in order, once; it may be a lazy iterator, which an engine with head-of-line
-    admission stops consuming at its first refusal (wrap it in ``list`` to inspect it).
+    admission stops consuming at its first refusal (wrap it in ``list`` to inspect it). The engine
+    admits a proposed request only where its limits allow; the others are reported in
+    ``view.refused`` at the next call.
+
+    ``preempt`` (running requests to put back at the queue front, their generated tokens lost) and
+    ``hold`` (running requests that get no token this step) end any skipped stretch.
+
+    The policy's timer: the engine asks again, with nothing else happening, at the first step that
+    starts at or after ``wake_at_s`` (seconds on the clock) or ``wake_after_steps`` steps after this
+    one (``1``: the next step), whichever comes first. A clock timer may fire up to one step early
+    (never late): a policy is then simply asked once more, as the step-by-step loop would ask it.
     """
 
     admit: list = dataclasses.field(default_factory=list)
     preempt: list = dataclasses.field(default_factory=list)
     hold: frozenset = frozenset()
+    wake_at_s: float = NEVER
+    wake_after_steps: float = NEVER
 
 
 NOTHING = Decision()
@@ -75,7 +112,7 @@ class EngineView:
 
     __slots__ = ("model", "step", "now", "prev_step_start_s", "waiting", "running", "arrival_s",
                  "deadline_s", "input_tokens", "predicted_output_tokens", "priority", "decoded",
-                 "kv_used", "n_requests", "_engine")
+                 "kv_used", "n_requests", "refused", "_engine")
 
     def __init__(self, engine: "_Engine"):
         self._engine = engine
@@ -96,6 +133,7 @@ class EngineView:
         self.running = tuple(e.running)
         self.decoded = e.decoded
         self.kv_used = e.kv_used()
+        self.refused = e.refused
         return self
 
     @property
@@ -108,8 +146,9 @@ class Policy:
 
     A policy may keep its own state across steps (reset in :meth:`reset`); it never changes the
     engine. If its decision can change at a step with no arrival and no completion (a deadline-based
-    urgency threshold, a timer), it must say when in :meth:`wake_step`, or the engine will skip that
-    step.
+    urgency threshold, a timer), it must say when through its decision's ``wake_at_s`` or
+    ``wake_after_steps``, or the engine will skip that step. ``portbench.testing.check_policy``
+    checks all of this on random windows under every engine model.
     """
 
     name: ClassVar[str] = ""
@@ -124,42 +163,18 @@ class Policy:
     def schedule(self, view: EngineView) -> Decision:
         raise NotImplementedError
 
-    def wake_step(self, view: EngineView) -> float:
-        """The earliest step after ``view.step`` at which the decision may change on its own (a
-        timer on the clock is turned into a step with :func:`first_step_when`)."""
-        return NEVER
 
-
-def first_step_when(view: EngineView, cond, t_guess: float) -> float:
-    """The first step after ``view.step`` at whose start ``cond(now)`` may hold, for a condition on
-    the clock that stays true once true; ``t_guess`` is about where it turns true.
-
-    With fixed steps (``lssp``) step k starts at ``k * step_s`` and the answer is exact. Where steps
-    vary in length (``vllm_v1``) an engine skips only steps in which nothing but decoding happens, none
-    longer than the model's ``longest_quiet_step_s``: step k then starts no later than
-    ``now + (k - step) * longest``, and the answer is the first step that could start with ``cond``
-    true — never later than the exact one, so a policy using it is asked again in time.
-    """
-    s, m = view.step, view.model
-    if m.fixed_steps:
-        dt = m.step_s
-
-        def start(k):
-            return k * dt
-    else:
-        dt, now = m.longest_quiet_step_s, view.now
-
-        def start(k):
-            return now + (k - s) * dt
-    guess = s + (t_guess - start(s)) / dt
-    if not math.isfinite(guess):
-        return NEVER if guess > 0 else s + 1
-    k = max(s + 1, math.ceil(guess))
-    while k > s + 1 and cond(start(k - 1)):
-        k -= 1
-    while not cond(start(k)):
-        k += 1
-    return k
+def check_decision(policy: Policy, d: Decision) -> Decision:
+    """The contract checks an engine makes on every decision (cheap; always on)."""
+    if policy.admission_only and (d.preempt or d.hold):
+        raise PolicyContractError(
+            f"policy {policy.name!r} declares admission_only but returned "
+            f"{'preempt=' + str(list(d.preempt)) if d.preempt else 'hold=' + str(sorted(d.hold))}; "
+            "drop the admission_only flag or only admit")
+    if not (d.wake_after_steps >= 1):
+        raise PolicyContractError(f"policy {policy.name!r} returned wake_after_steps="
+                                  f"{d.wake_after_steps!r}; it must be >= 1 (1 = the next step)")
+    return d
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -224,6 +239,7 @@ class _Engine:
         self._kv_running = 0                # Σ (prompt + decoded) over running requests
         self.step = 0
         self.n_preemptions = 0
+        self.refused: tuple = ()            # (request, reason) of the last decision's refused admissions
 
     def kv_used(self) -> int:
         return self._kv_running
@@ -248,11 +264,15 @@ class _Engine:
             if last_step is None and next_arrival == n:
                 last_step = s + m.drain_steps - 1
             # 2. scheduling
-            decision = self.policy.schedule(view.refresh()) if (self.waiting or self.running) else NOTHING
-            self._apply(decision)
-            # 3. decode, possibly over several steps at once
-            if event_skipping and not decision.hold:
-                horizon = self._next_event_step(view, next_arrival, order)
+            if self.waiting or self.running:
+                decision = check_decision(self.policy, self.policy.schedule(view.refresh()))
+            else:
+                decision = NOTHING
+            admitted = self._apply(decision)
+            # 3. decode, possibly over several steps at once. A decision that changed the engine's
+            # state (an admission, a preemption, a hold) is an event: the policy is asked again next step.
+            if event_skipping and not (admitted or decision.hold or decision.preempt):
+                horizon = self._next_event_step(decision, next_arrival, order)
                 if last_step is not None:
                     horizon = min(horizon, last_step + 1)
                 span = max(1, horizon - s)
@@ -267,7 +287,7 @@ class _Engine:
                     break
                 self.step = max(self.step, self.visible[order[next_arrival]])
 
-    def _next_event_step(self, view, next_arrival, order) -> int:
+    def _next_event_step(self, decision, next_arrival, order) -> int:
         s = self.step
         t = self.visible[order[next_arrival]] if next_arrival < self.n else NEVER
         for i in self.running:
@@ -275,42 +295,54 @@ class _Engine:
             done = s + self.out[i] - self.decoded[i]
             if done < t:
                 t = done
-        wake = self.policy.wake_step(view)
+        wake = s + decision.wake_after_steps
+        if decision.wake_at_s < NEVER:
+            # the first step starting at or after wake_at_s, one step early to absorb float round-off
+            wake = min(wake, math.ceil(decision.wake_at_s / self.model.step_s) - 1)
         if wake < t:
             t = max(wake, s + 1)
         return t      # NEVER only when no arrival is left: the drain limit then bounds the jump
 
-    def _apply(self, d: Decision) -> None:
+    def _apply(self, d: Decision) -> bool:
+        """Apply a decision under the engine's limits; True when something was admitted."""
         m = self.model
         for i in d.preempt:
             if i not in self.running:
-                raise RuntimeError(f"policy {self.policy.name!r} preempted request {i}, which is not running")
+                raise PolicyContractError(f"policy {self.policy.name!r} preempted request {i} at step "
+                                          f"{self.step}, which is not running")
             self.running.remove(i)
             self._kv_running -= self.inp[i] + self.decoded[i]
             self.decoded[i] = 0           # recompute preemption: generated tokens are lost
             self.waiting.insert(0, i)
             self.n_preemptions += 1
+        self.refused = ()
         if not d.admit:
-            return
+            return False
         waiting = set(self.waiting) - set(d.preempt)   # a request evicted now is not re-admitted now
-        admitted = []
+        admitted, refused = [], []
         for i in d.admit:
             if i in d.preempt:
                 continue
             if i not in waiting:
-                raise RuntimeError(f"policy {self.policy.name!r} admitted request {i}, which is not waiting")
-            # The engine's hard limits, re-checked in order (earlier admissions count at once).
-            if (len(self.running) + 1 <= m.max_active_sequences
-                    and self._kv_running + self.inp[i] <= m.max_kv_tokens
-                    and len(self.running) + 1 <= m.max_batch_tokens):
+                raise PolicyContractError(f"policy {self.policy.name!r} admitted request {i} at step "
+                                          f"{self.step}, which is not waiting")
+            # The engine's hard limits, checked in order (earlier admissions count at once); a
+            # request that does not fit is refused and the walk goes on.
+            if len(self.running) + 1 > min(m.max_active_sequences, m.max_batch_tokens):
+                refused.append((i, "seqs"))
+            elif self._kv_running + self.inp[i] > m.max_kv_tokens:
+                refused.append((i, "kv"))
+            else:
                 self.running.append(i)
                 self._kv_running += self.inp[i] + self.decoded[i]
                 self.admit_step[i] = self.step
                 admitted.append(i)
                 waiting.discard(i)
+        self.refused = tuple(refused)
         if admitted:
             gone = set(admitted)
             self.waiting = [i for i in self.waiting if i not in gone]
+        return bool(admitted)
 
     def _decode(self, s: int, span: int, hold) -> None:
         still = []
@@ -349,8 +381,16 @@ class _Engine:
 
 
 def simulate(window: Window, policy: Policy, model=None, *, event_skipping: bool = True,
-             priority=None) -> RunResult:
-    """Replay ``window`` (already scaled) under ``policy`` on ``model`` (default: the study's)."""
-    engine = (model or LsspModel()).make_engine(window, policy, priority)
+             priority=None, verify: bool = False) -> RunResult:
+    """Replay ``window`` (already scaled) under ``policy`` on ``model`` (default: the study's).
+
+    ``verify=True`` also replays it step by step with a fresh copy of the policy and raises
+    :class:`PolicyContractError` naming the first request and step where the two differ.
+    """
+    model = model or LsspModel()
+    if verify:
+        from .testing import verified_run
+        return verified_run(window, policy, model, priority=priority)
+    engine = model.make_engine(window, policy, priority)
     engine.run(event_skipping=event_skipping)
     return engine.result(window)

@@ -46,9 +46,6 @@ class Recorder(sim.Policy):
         return (bm.free_blocks, dict(bm.tokens), dict(bm.table), dict(getattr(p, "_rem", {})),
                 dict(getattr(p, "_lst", {})))
 
-    def wake_step(self, view):
-        return self.inner.wake_step(view)
-
 
 def run(name, w, model=None, event_skipping=True, **params):
     rec = Recorder(make_policy(name, **params))
@@ -113,7 +110,7 @@ def test_steps_to_exhaustion_matches_a_step_by_step_walk():
 def test_vllm_faithful_default_example():
     # A (p 2000, out 3) and B (p 600, out 2) at 0; C (p 100) at 0.4 ms, first visible at step 1.
     w = window([0.0, 0.0, 0.0004], [2000, 600, 100], [3, 2, 4])
-    r, rec = run("vllm_faithful", w, sim.LsspModel(drain_steps=100))
+    r, rec = run("vllm_faithful", w, sim.LsspModel(drain_s=0.1))
     np.testing.assert_allclose(r.admit_s, [0.0, 0.001, 0.001])   # B closed out at step 0 by the budget
     np.testing.assert_allclose(r.first_token_s, [0.001, 0.002, 0.002])
     np.testing.assert_allclose(r.finish_s, [0.003, 0.003, 0.005])
@@ -124,7 +121,7 @@ def test_vllm_faithful_default_example():
 def test_vllm_faithful_preemption_illustration():
     # 64 tokens of KV: 4 blocks, no watermark. A (p 27) at step 0 takes 2 blocks, B (p 20) at step 1
     # the other 2. At step 5 A needs its 33rd token slot: B (newest) is preempted after 4 tokens.
-    model = sim.LsspModel(max_kv_tokens=64, drain_steps=100)
+    model = sim.LsspModel(max_kv_tokens=64, drain_s=0.1)
     w = window([0.0, 0.001], [27, 20], [10, 6])
     r, rec = run("vllm_faithful", w, model)
     assert rec.decisions[5] == ([], [1], [])
@@ -139,7 +136,7 @@ def test_vllm_faithful_preemption_illustration():
 
 
 def test_vllm_faithful_prompt_over_budget_blocks_the_queue_forever():
-    model = sim.LsspModel(drain_steps=300)
+    model = sim.LsspModel(drain_s=0.3)
     # 0 runs; 1 (p 3000 > 2560) reaches the head and closes admission for 2 and 3 for good.
     w = window([0.0, 0.001, 0.002, 0.003], [100, 3000, 10, 10], [5, 5, 5, 5])
     for es in (True, False):
@@ -156,7 +153,7 @@ def test_vllm_faithful_prompt_over_budget_blocks_the_queue_forever():
 def test_chunked_and_sarathi_example(name):
     # A (p 1200) takes 512, 512, 176 of the budget at steps 0-2; B (p 100) closes out until step 2.
     w = window([0.0, 0.0], [1200, 100], [5, 3])
-    r, rec = run(name, w, sim.LsspModel(drain_steps=100))
+    r, rec = run(name, w, sim.LsspModel(drain_s=0.1))
     np.testing.assert_allclose(r.admit_s, [0.0, 0.002])
     np.testing.assert_allclose(r.first_token_s, [0.001, 0.003])      # A decodes from step 0 anyway
     np.testing.assert_allclose(r.finish_s, [0.005, 0.005])
@@ -169,7 +166,7 @@ def test_slai_example():
     # A (p 100, out 1000) runs alone; B (p 3000, out 5) arrives at 10 ms and eats the budget with
     # its shadow prefill for steps 10-14, so A is held 5 steps; B completes at 15 ms regardless.
     w = window([0.0, 0.010], [100, 3000], [1000, 5])
-    model = sim.LsspModel(drain_steps=2000)
+    model = sim.LsspModel(drain_s=2.0)
     r, rec = run("slai_faithful", w, model)
     np.testing.assert_allclose(r.admit_s, [0.0, 0.010])
     np.testing.assert_allclose(r.first_token_s, [0.001, 0.011])
@@ -186,7 +183,7 @@ def test_slai_lst_float_boundary_and_expiry():
     # A is held from step 10 on by a long stream of prefill; it turns critical exactly when
     # now >= (a + 0.5) - 0.005 with a = its last service (step 9), as a float comparison.
     w = window([0.0, 0.010], [16, 400000], [2000, 1000])
-    model = sim.LsspModel(max_kv_tokens=10**6, drain_steps=3000)
+    model = sim.LsspModel(max_kv_tokens=10**6, drain_s=3.0)
     r, rec = run("slai_faithful", w, model, token_budget=512, block_size=16)
     lst = (9 * 0.001 + 0.5) - 5 * 0.001
     first_critical = next(s for s in range(10, 1000) if s * 0.001 >= lst)
@@ -202,7 +199,7 @@ def test_slai_theta_after_a_skip_is_that_of_the_last_skipped_step(threshold):
     # which depends on Θ at A's last service (step 49): KV 149 vs the threshold (crossed at 149,
     # 150 or 151 of 10000).
     w = window([0.0, 0.050], [100, 8000], [2000, 100])
-    model = sim.LsspModel(max_kv_tokens=10000, drain_steps=3000)
+    model = sim.LsspModel(max_kv_tokens=10000, drain_s=3.0)
     params = dict(tbt_s=0.02, kv_threshold=threshold)
     a, ra = run("slai_faithful", w, model, True, **params)
     b, rb = run("slai_faithful", w, model, False, **params)
@@ -222,7 +219,7 @@ def test_sarathi_equals_chunked_without_preemption():
     inputs = rng.integers(1, 1500, n)
     outputs = rng.integers(1, 60, n)
     w = window(arrivals, inputs, outputs)
-    model = sim.LsspModel(max_active_sequences=8, drain_steps=500)
+    model = sim.LsspModel(max_active_sequences=8, drain_s=0.5)
     a, _ = run("vllm_chunked_prefill_faithful", w, model)
     b, _ = run("sarathi_faithful", w, model)
     assert a.n_preemptions == 0
@@ -238,8 +235,11 @@ def test_defaults_are_the_studys():
     p = make_policy("sarathi_faithful")
     assert (p.chunk_size, p.max_num_seqs) == (512, 128)
     p = make_policy("slai_faithful")
-    assert (p.token_budget, p.max_num_seqs, p.decode_limit, p.tbt_s, p.theta_low, p.theta_high,
-            p.kv_threshold) == (512, 128, 128, 0.5, 5, 10, 0.96)
+    r = p.rule
+    assert (r.token_budget, p.max_num_seqs, r.decode_limit, r.tbt_s, r.theta_low, r.theta_high,
+            r.kv_threshold, r.step_s) == (512, 128, 128, 0.5, 5, 10, 0.96, 0.001)
+    with pytest.raises(TypeError, match="unknown parameter.*tbt"):
+        make_policy("slai_faithful", tbt=0.5)
 
 
 # --------------------------------------------------------------------------- event skipping
@@ -253,7 +253,7 @@ def random_case(seed, name):
     inputs = np.where(rng.random(n) < 0.7, rng.integers(1, 64, n), rng.integers(64, kv + 64, n))
     outputs = rng.integers(1, 90, n)
     model = sim.LsspModel(max_active_sequences=int(rng.integers(1, 10)), max_kv_tokens=kv,
-                          drain_steps=int(rng.integers(50, 300)))
+                          drain_s=int(rng.integers(50, 300)) / 1000)
     block = int(rng.choice([4, 16]))
     wm = float(rng.choice([0.0, 0.01, 0.1]))
     budget = int(rng.choice([2, 8, 40, 128, 512]))
@@ -311,7 +311,7 @@ def test_vllm_faithful_oversize_ablation():
     and serves the rest; 'chunk' admits it alone, then the rest."""
     from portbench.workload import make_window
     w = make_window("hol", "t", [0.0, 0.0, 0.0], [3000, 10, 10], [2, 2, 2], [2, 2, 2])
-    model = sim.LsspModel(drain_steps=100)
+    model = sim.LsspModel(drain_s=0.1)
     block = sim.simulate(w, make_policy("vllm_faithful"), model)
     assert block.completed.tolist() == [False, False, False]
     reject = sim.simulate(w, make_policy("vllm_faithful", oversize="reject"), model)
@@ -331,7 +331,7 @@ def test_vllm_faithful_oversize_variants_skip_exactly(oversize):
         n = 30
         w = make_window("r", "t", np.cumsum(rng.exponential(0.002, n)), rng.integers(1, 4000, n),
                         rng.integers(1, 40, n), rng.integers(1, 40, n))
-        model = sim.LsspModel(max_active_sequences=8, max_kv_tokens=20000, drain_steps=300)
+        model = sim.LsspModel(max_active_sequences=8, max_kv_tokens=20000, drain_s=0.3)
         fast = sim.simulate(w, make_policy("vllm_faithful", oversize=oversize), model)
         slow = sim.simulate(w, make_policy("vllm_faithful", oversize=oversize), model, event_skipping=False)
         for f in ("admit_s", "first_token_s", "finish_s"):

@@ -147,7 +147,7 @@ def test_admission_control_filters_nothing_by_default_but_honours_a_threshold():
     w = explicit([0, 0], [10, 10], [1, 1], [10, 10], [1.0, 0.001])
     r = both_modes("admission_control", w)
     np.testing.assert_allclose(r.admit_s, [0.0, 0.0])
-    r = both_modes("admission_control", w, sim.LsspModel(drain_steps=100), laxity_threshold=0.0)
+    r = both_modes("admission_control", w, sim.LsspModel(drain_s=0.1), laxity_threshold=0.0)
     assert r.admit_s[0] == 0.0 and np.isnan(r.admit_s[1]) and np.isnan(r.finish_s[1])
 
 
@@ -246,7 +246,7 @@ def test_scorpio_drops_requests_whose_laxity_is_negative():
     # (no slot) and < 0 from step 37 on; when the slot frees at step 100 neither R1 nor R2 is
     # eligible: both stay waiting and end the run dropped. FIFO runs them at steps 100 and 105.
     w = explicit([0, 0, 0.001], [10, 10, 10], [100, 5, 5], [5, 10, 10], [1.0, 0.001, 0.051])
-    model = sim.LsspModel(max_active_sequences=1, drain_steps=500)
+    model = sim.LsspModel(max_active_sequences=1, drain_s=0.5)
     r = both_modes("scorpio_style_slo_guard", w, model)
     assert r.admit_s[0] == 0.0
     assert np.isnan(r.admit_s[1:]).all() and np.isnan(r.finish_s[1:]).all()
@@ -256,7 +256,7 @@ def test_scorpio_drops_requests_whose_laxity_is_negative():
 def test_scorpio_drops_a_negative_laxity_request_even_with_room():
     # Plenty of room: R1 (lax < 0 at arrival) is never admitted; R0 runs at once.
     w = explicit([0, 0], [10, 10], [5, 5], [5, 10], [1.0, 0.001])
-    r = both_modes("scorpio_style_slo_guard", w, sim.LsspModel(drain_steps=100))
+    r = both_modes("scorpio_style_slo_guard", w, sim.LsspModel(drain_s=0.1))
     assert r.admit_s[0] == 0.0 and np.isnan(r.admit_s[1])
 
 
@@ -286,21 +286,21 @@ def _random_case(seed, kind):
         inp, out, pred = rng.integers(1, 60, n), rng.integers(1, 40, n), rng.integers(1, 400, n)
         slack = rng.uniform(-0.05, 0.6, n)
         model = sim.LsspModel(max_active_sequences=int(rng.integers(1, 6)),
-                              max_kv_tokens=int(rng.integers(60, 300)), drain_steps=3000)
+                              max_kv_tokens=int(rng.integers(60, 300)), drain_s=3.0)
     elif kind == "kv":            # laxities that cross 0.25 s while the 0.82 cap binds
         n = int(rng.integers(3, 10))
         arr = np.sort(rng.choice([0.0, 0.001, 0.005, 0.02], n))
         inp, out, pred = rng.integers(10, 150, n), rng.integers(1, 80, n), rng.integers(1, 100, n)
         slack = 0.25 + rng.uniform(-0.005, 0.06, n)
         model = sim.LsspModel(max_active_sequences=int(rng.integers(2, 8)),
-                              max_kv_tokens=int(rng.integers(150, 400)), drain_steps=2000)
+                              max_kv_tokens=int(rng.integers(150, 400)), drain_s=2.0)
     else:                         # scorpio: guard, admission cap, long decodes near lax 0.5
         n = int(rng.integers(4, 25))
         arr = np.sort(rng.choice([0.0, 0.002, 0.01, 0.03, 0.05, 0.08], n))
         inp, out, pred = rng.integers(1, 80, n), rng.integers(1, 80, n), rng.integers(1, 600, n)
         slack = rng.uniform(-0.02, 0.7, n)
         model = sim.LsspModel(max_active_sequences=int(rng.integers(3, 16)),
-                              max_kv_tokens=int(rng.integers(150, 1500)), drain_steps=2000)
+                              max_kv_tokens=int(rng.integers(150, 1500)), drain_s=2.0)
     deadline = arr + (0.5 * inp + pred) * 0.001 + slack
     priority = rng.choice([1.0, 2.0], n) if seed % 3 == 0 else None
     return explicit(arr, inp, out, pred, deadline), model, priority

@@ -43,7 +43,7 @@ def test_fifo_respects_max_active_sequences():
 
 
 def test_drain_limit_leaves_long_requests_unfinished():
-    model = sim.LsspModel(drain_steps=10)
+    model = sim.LsspModel(drain_s=0.01)
     w = window([0.0, 0.0], [1, 1], [5, 50])
     r = sim.simulate(w, make_policy("fifo"), model)
     assert r.completed.tolist() == [True, False]

@@ -1,17 +1,26 @@
-"""Pieces shared by the policies: the study's service estimate and the feasibility walk."""
+"""Pieces shared by the policies and the real engines' schedulers: the study's service estimate
+(defined here once) and the feasibility walk."""
 
 from __future__ import annotations
 
 import numpy as np
 
-#: The study's service-time proxy, est = ALPHA * prompt + BETA * predicted output ("steps").
+#: The study's service-time proxy, est = ALPHA * prompt + BETA * predicted output, counted in the
+#: study simulator's 1 ms steps; ESTIMATE_UNIT_S turns it into seconds wherever it meets the clock.
 ALPHA = 0.5
 BETA = 1.0
+ESTIMATE_UNIT_S = 0.001
 
 
-def estimate(view, i) -> float:
-    """est = 0.5 * prompt + 1.0 * predicted output, unitless (1 ms steps)."""
-    return ALPHA * int(view.input_tokens[i]) + BETA * int(view.predicted_output_tokens[i])
+def estimate(prompt, predicted, alpha: float = ALPHA, beta: float = BETA):
+    """est = alpha * prompt + beta * predicted output (ints, or numpy arrays of them)."""
+    return alpha * prompt + beta * predicted
+
+
+def estimate_s(prompt, predicted, alpha: float = ALPHA, beta: float = BETA,
+               unit_s: float = ESTIMATE_UNIT_S):
+    """The estimate in seconds."""
+    return estimate(prompt, predicted, alpha, beta) * unit_s
 
 
 def fits(view, active: int, kv: int, prompt: int) -> bool:

@@ -18,7 +18,6 @@ only the engine's hard limits (:func:`._common.fits`) is skipped.
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 from ..sim import Policy
@@ -48,10 +47,6 @@ class PagedPolicy(Policy):
         self._rem: dict[int, int] = {}      # shadow prefill left, per tracked request
         self._last_step = None
         self._kept: list[int] = []          # decoders that appended a slot at the last call
-        self._wake = math.inf
-
-    def wake_step(self, view):
-        return self._wake
 
     # --- reconciliation ------------------------------------------------------------------------
 

@@ -2,7 +2,7 @@
 
 from ..sim import Decision, Policy
 from . import register
-from ._common import ALPHA, BETA, admissions_in_order
+from ._common import ALPHA, BETA, admissions_in_order, estimate
 
 
 @register
@@ -27,7 +27,7 @@ class EstimatedServiceTimeFirst(Policy):
         d, p, o, prio = view.deadline_s, view.input_tokens, view.predicted_output_tokens, view.priority
 
         def key(i):
-            est = self.alpha * int(p[i]) + self.beta * int(o[i])
+            est = estimate(int(p[i]), int(o[i]), self.alpha, self.beta)
             return (est, float(d[i]), -float(prio[i]), i)
 
         return Decision(admit=admissions_in_order(view, sorted(view.waiting, key=key)))

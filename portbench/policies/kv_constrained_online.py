@@ -1,15 +1,15 @@
 """``kv_constrained_online``: keep KV use under 0.82 of the cache unless a request is urgent."""
 
-from ..sim import NEVER, Decision, Policy, first_step_when
+from ..sim import NEVER, Decision, Policy
 from . import register
-from ._common import ALPHA, BETA, admit_in_order
+from ._common import ALPHA, BETA, ESTIMATE_UNIT_S, admit_in_order, estimate_s
 
 
 @register
 class KvConstrainedOnline(Policy):
     """KV-utilisation cap with an urgency bypass.
 
-    ``lax_s = (d - now) - step_s * (alpha*P + beta*O)``; urgent iff ``lax_s <= urgent_laxity_seconds``.
+    ``lax_s = (d - now) - (alpha*P + beta*O) * estimate_unit_s``; urgent iff ``lax_s <= urgent_laxity_seconds``.
     Key ``(lax_s > urgent, kv_cost / max(priority, 1e-9), lax_s, id)`` ascending with
     ``kv_cost = P + 0.25 * O`` (ranking only): urgent requests first, then the smaller footprint.
     After the hard limits, a request is admitted only if ``(kv + P) / max_kv <= target_kv_utilization``
@@ -17,10 +17,10 @@ class KvConstrainedOnline(Policy):
     output) or it is urgent. A request that fails is skipped and the walk goes on.
 
     Timer: a waiting request that passed the hard limits but was stopped by the cap can be admitted,
-    with no other event, at the first step at which it becomes urgent; :meth:`wake_step` returns the
-    earliest such step (exact float condition, found by solving and then checking neighbours).
+    with no other event, once it becomes urgent; the decision's ``wake_at_s`` is the earliest such
+    time, ``d - est - urgent_laxity_seconds`` (the engine fires a clock timer early rather than late).
 
-    step_s: seconds per step used to convert the estimate (0.001).
+    estimate_unit_s: seconds per unit of the estimate (the study's 1 ms step).
     alpha, beta: weights of prompt and predicted output in the estimate (0.5, 1.0).
     target_kv_utilization: the cap on (kv + P) / max_kv for non-urgent requests (0.82).
     urgent_laxity_seconds: laxity at or below which a request is urgent (0.25).
@@ -31,21 +31,17 @@ class KvConstrainedOnline(Policy):
     #: Weight of the predicted output in the ranking's KV cost (fixed in the study).
     KV_COST_OUTPUT_WEIGHT = 0.25
 
-    def __init__(self, step_s: float = 0.001, alpha: float = ALPHA, beta: float = BETA,
+    def __init__(self, estimate_unit_s: float = ESTIMATE_UNIT_S, alpha: float = ALPHA, beta: float = BETA,
                  target_kv_utilization: float = 0.82, urgent_laxity_seconds: float = 0.25):
-        self.step_s = step_s
+        self.estimate_unit_s = estimate_unit_s
         self.alpha = alpha
         self.beta = beta
         self.target_kv_utilization = target_kv_utilization
         self.urgent_laxity_seconds = urgent_laxity_seconds
-        self._wake = (None, NEVER)
-
-    def reset(self, view):
-        self._wake = (None, NEVER)
 
     def _est_s(self, view, i):
-        return (self.alpha * int(view.input_tokens[i])
-                + self.beta * int(view.predicted_output_tokens[i])) * self.step_s
+        return estimate_s(int(view.input_tokens[i]), int(view.predicted_output_tokens[i]),
+                          self.alpha, self.beta, self.estimate_unit_s)
 
     def schedule(self, view):
         now = view.now
@@ -71,16 +67,6 @@ class KvConstrainedOnline(Policy):
 
         admitted = admit_in_order(view, [i for _, i in keyed], accept=accept)
         wake = NEVER
-        for i in capped:
-            wake = min(wake, self._urgent_step(view, i))
-        self._wake = (view.step, wake)
-        return Decision(admit=admitted)
-
-    def _urgent_step(self, view, i):
-        """The first step after ``view.step`` at which request ``i`` is urgent (NEVER if none)."""
-        d, est, urgent_lax = float(view.deadline_s[i]), self._est_s(view, i), self.urgent_laxity_seconds
-        return first_step_when(view, lambda now: (d - now) - est <= urgent_lax, d - est - urgent_lax)
-
-    def wake_step(self, view):
-        step, wake = self._wake
-        return wake if step == view.step else NEVER
+        for i in capped:       # each becomes urgent once (d - now) - est <= urgent_lax
+            wake = min(wake, float(d[i]) - self._est_s(view, i) - urgent_lax)
+        return Decision(admit=admitted, wake_at_s=wake)

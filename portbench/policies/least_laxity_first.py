@@ -2,7 +2,7 @@
 
 from ..sim import Decision, Policy
 from . import register
-from ._common import ALPHA, BETA, admissions_in_order
+from ._common import ALPHA, BETA, admissions_in_order, estimate
 
 
 @register
@@ -31,7 +31,7 @@ class LeastLaxityFirst(Policy):
 
         def key(i):
             di = float(d[i])
-            est = self.alpha * int(p[i]) + self.beta * int(o[i])
+            est = estimate(int(p[i]), int(o[i]), self.alpha, self.beta)
             return ((di - now) - est, di, -float(prio[i]), i)
 
         return Decision(admit=admissions_in_order(view, sorted(view.waiting, key=key)))

@@ -47,9 +47,9 @@ class SarathiFaithful(PagedPolicy):
                             seqs=len(kept) + len(prefillers), chunked=True, skip=set(preempted)).admit
         self._kept = kept
         if admit or preempted or prefillers or any(rem.values()):
-            self._wake = view.step + 1
+            wake = 1
         else:
             # Skipped steps have no prefill in flight and no preemption: every decoder appends
             # one slot per step.
-            self._wake = view.step + self._bm.steps_to_exhaustion(kept)
-        return Decision(admit=admit, preempt=preempted)
+            wake = self._bm.steps_to_exhaustion(kept)
+        return Decision(admit=admit, preempt=preempted, wake_after_steps=wake)

@@ -1,8 +1,8 @@
 """``scorpio_style_slo_guard``: the study's SCORPIO-inspired guard (credit bucket, deadline filter)."""
 
-from ..sim import NEVER, Decision, Policy, first_step_when
+from ..sim import NEVER, Decision, Policy
 from . import register
-from ._common import ALPHA, BETA, admit_in_order, fits
+from ._common import ALPHA, BETA, ESTIMATE_UNIT_S, admit_in_order, estimate_s, fits
 
 
 @register
@@ -15,8 +15,8 @@ class ScorpioStyleSloGuard(Policy):
     2. pressures before admissions: ``kv_p = kv / max_kv``, ``dec_p = running / max_active``,
        ``queue_p = waiting / max_active``;
     3. candidates: drop a request with ``lax < -laxity_threshold`` or ``ttft_slack <
-       -ttft_slack_threshold`` where ``lax = (d - now) - step_s*(alpha*P + beta*O)`` and
-       ``ttft_slack = (d - now) - alpha*P*step_s``. Laxity only falls, so a request whose laxity has
+       -ttft_slack_threshold`` where ``lax = (d - now) - (alpha*P + beta*O)*unit`` and
+       ``ttft_slack = (d - now) - alpha*P*unit``. Laxity only falls, so a request whose laxity has
        gone negative is never admitted again (it ends the run waiting, i.e. dropped);
     4. guard = ``kv_p >= kv_utilization_threshold or dec_p >= decode_pressure_threshold or queue_p >=
        queue_overload_factor or mean(lax of candidates) < 0``;
@@ -31,12 +31,12 @@ class ScorpioStyleSloGuard(Policy):
     The bucket persists across steps (``reset`` refills it). Steps skipped by the engine still
     refill it when the queue was non-empty during them (the study calls the policy every step).
 
-    Timers (:meth:`wake_step`): the next step when the admission cap stopped the walk; otherwise the
-    first step at which a request held back only by the long-decode filter gets ``lax < 0.5``.
+    Timers (the decision's): the next step when the admission cap stopped the walk; otherwise the
+    time at which a request held back only by the long-decode filter gets ``lax < 0.5``.
     Every other change with time (expiry, guard switching on, score drift) can only remove
     admissions when nothing arrives or completes.
 
-    Parameters are the study's defaults: step_s 0.001, alpha 0.5, beta 1.0, laxity_threshold 0.0,
+    Parameters are the study's defaults: estimate_unit_s (``unit``) 0.001 s (its 1 ms step), alpha 0.5, beta 1.0, laxity_threshold 0.0,
     ttft_slack_threshold 0.0, kv_utilization_threshold 0.65, decode_pressure_threshold 0.70,
     queue_overload_factor 3.0, admission_budget_refill 2.0, admission_budget_max 4.0,
     admission_cost 1.0, priority_weight 1.0, age_bonus 0.05, decode_penalty_weight 0.35,
@@ -48,14 +48,14 @@ class ScorpioStyleSloGuard(Policy):
     #: Laxity (s) below which a long-decode request passes the filter of step 5 (fixed in the study).
     LONG_DECODE_UNLOCK_LAXITY_S = 0.5
 
-    def __init__(self, step_s: float = 0.001, alpha: float = ALPHA, beta: float = BETA,
+    def __init__(self, estimate_unit_s: float = ESTIMATE_UNIT_S, alpha: float = ALPHA, beta: float = BETA,
                  laxity_threshold: float = 0.0, ttft_slack_threshold: float = 0.0,
                  kv_utilization_threshold: float = 0.65, decode_pressure_threshold: float = 0.70,
                  queue_overload_factor: float = 3.0, admission_budget_refill: float = 2.0,
                  admission_budget_max: float = 4.0, admission_cost: float = 1.0,
                  priority_weight: float = 1.0, age_bonus: float = 0.05,
                  decode_penalty_weight: float = 0.35, long_decode_token_threshold: int = 256):
-        self.step_s = step_s
+        self.estimate_unit_s = estimate_unit_s
         self.alpha = alpha
         self.beta = beta
         self.laxity_threshold = laxity_threshold
@@ -76,7 +76,6 @@ class ScorpioStyleSloGuard(Policy):
         self.budget = self.admission_budget_max
         self._last_step = None        # last step schedule() ran at
         self._queue_left = False      # whether requests were left waiting after that step
-        self._wake = (None, NEVER)
 
     def reset(self, view):
         self._init_state()
@@ -95,13 +94,12 @@ class ScorpioStyleSloGuard(Policy):
                 break
 
     def _est_s(self, p, o):
-        return (self.alpha * p + self.beta * o) * self.step_s
+        return estimate_s(p, o, self.alpha, self.beta, self.estimate_unit_s)
 
     def schedule(self, view):
         s = view.step
         self._catch_up(s)
         self._last_step = s
-        self._wake = (s, NEVER)
         self._queue_left = bool(view.waiting)
         if not view.waiting:
             return Decision()
@@ -120,7 +118,7 @@ class ScorpioStyleSloGuard(Policy):
         for i in view.waiting:
             di, pi = float(d[i]), int(p[i])
             li = (di - now) - self._est_s(pi, int(o[i]))
-            if li < min_lax or (di - now) - self.alpha * pi * self.step_s < min_ttft:
+            if li < min_lax or (di - now) - self.alpha * pi * self.estimate_unit_s < min_ttft:
                 continue
             lax[i] = li
         if not lax:
@@ -154,32 +152,22 @@ class ScorpioStyleSloGuard(Policy):
             for _ in admitted:
                 self.budget = max(0.0, self.budget - self.admission_cost)
         self._queue_left = len(view.waiting) > len(admitted)
-        self._wake = (s, self._next_wake(view, candidates, admitted, limit, held, lax))
-        return Decision(admit=admitted)
-
-    def _next_wake(self, view, candidates, admitted, limit, held, lax):
-        s = view.step
         if not self._queue_left:
-            return NEVER
+            return Decision(admit=admitted)
         if limit is not None and len(admitted) >= limit and len(admitted) < len(candidates):
-            return s + 1                          # the cap stopped the walk: more may fit next step
+            # the cap stopped the walk: more may fit next step
+            return Decision(admit=admitted, wake_after_steps=1)
+        return Decision(admit=admitted, wake_at_s=self._unlock_time(view, admitted, held, lax))
+
+    def _unlock_time(self, view, admitted, held, lax):
         # Every candidate walked and left behind failed the hard limits against capacity that only
         # shrinks until an arrival or completion; what is left is the long-decode filter.
         active = view.n_active + len(admitted)
         kv = view.kv_used + sum(int(view.input_tokens[i]) for i in admitted)
         wake = NEVER
-        for i in held:
-            if fits(view, active, kv, int(view.input_tokens[i])):
-                wake = min(wake, self._unlock_step(view, i, lax[i]))
-        return wake
-
-    def _unlock_step(self, view, i, lax_now):
-        """The first step after ``view.step`` at which ``lax < 0.5`` for request ``i``."""
         unlock = self.LONG_DECODE_UNLOCK_LAXITY_S
-        d = float(view.deadline_s[i])
-        est = self._est_s(int(view.input_tokens[i]), int(view.predicted_output_tokens[i]))
-        return first_step_when(view, lambda now: (d - now) - est < unlock, view.now + (lax_now - unlock))
-
-    def wake_step(self, view):
-        step, wake = self._wake
-        return wake if step == view.step else NEVER
+        for i in held:         # lax = (d - now) - est falls below 0.5 at now = d - est - 0.5
+            if fits(view, active, kv, int(view.input_tokens[i])):
+                est = self._est_s(int(view.input_tokens[i]), int(view.predicted_output_tokens[i]))
+                wake = min(wake, float(view.deadline_s[i]) - est - unlock)
+        return wake

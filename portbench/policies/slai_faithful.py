@@ -12,6 +12,7 @@ shadow: prefilling and new requests are never held and decode from their admissi
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from ..sim import Decision
@@ -19,22 +20,58 @@ from . import register
 from ._paged import PagedPolicy
 
 
+@dataclasses.dataclass(frozen=True)
+class SlaiRule:
+    """SLAI's parameters and rule, written once: the simulator's policy below, the vLLM scheduler
+    subclass and the transformers scheduler all use it.
+
+    tbt_s: the time-between-tokens target (the study's single class, "stage0_uniform", is 0.5 s);
+    theta_low / theta_high: Θ, in steps, below / at or above ``kv_threshold`` of the KV cache in use;
+    decode_limit: most decodes per step; token_budget: tokens per step;
+    step_s: the step length Θ counts — the study's 1 ms (a real engine's scheduler may measure its own).
+    """
+
+    tbt_s: float = 0.5
+    theta_low: int = 5
+    theta_high: int = 10
+    kv_threshold: float = 0.96
+    decode_limit: int = 128
+    token_budget: int = 512
+    step_s: float = 0.001
+
+    def theta(self, kv_fraction: float) -> int:
+        return self.theta_low if kv_fraction < self.kv_threshold else self.theta_high
+
+    def last_schedule_time(self, now: float, kv_fraction: float, step_s: float | None = None) -> float:
+        """LST of a decoder served at ``now``: it turns critical once the clock reaches it."""
+        return (now + self.tbt_s) - self.theta(kv_fraction) * (self.step_s if step_s is None else step_s)
+
+    @staticmethod
+    def split(decoders: list, lst, now: float) -> tuple[list, list]:
+        """Decoders (in LST order) into critical (``now >= LST``) and the rest; ``lst(r)`` gives r's LST."""
+        critical = [r for r in decoders if now >= lst(r)]
+        return critical, [r for r in decoders if not now >= lst(r)]
+
+
+#: The study's SLAI.
+SLAI = SlaiRule()
+
+
 @register
 class SlaiFaithful(PagedPolicy):
+    """SLAI on the simulator. ``rule_params`` override fields of :class:`SlaiRule`."""
+
     name = "slai_faithful"
 
-    def __init__(self, token_budget: int = 512, max_num_seqs: int = 128, decode_limit: int = 128,
-                 block_size: int = 16, watermark: float = 0.01, tbt_s: float = 0.5,
-                 theta_low: int = 5, theta_high: int = 10, kv_threshold: float = 0.96,
-                 step_size: float = 0.001):
+    def __init__(self, max_num_seqs: int = 128, block_size: int = 16, watermark: float = 0.01,
+                 **rule_params):
         super().__init__(max_num_seqs, block_size, watermark)
-        self.token_budget = token_budget
-        self.decode_limit = decode_limit
-        self.tbt_s = tbt_s              # the study's single class ("stage0_uniform") maps to 0.5 s
-        self.theta_low = theta_low
-        self.theta_high = theta_high
-        self.kv_threshold = kv_threshold
-        self.step_size = step_size
+        try:
+            self.rule = dataclasses.replace(SLAI, **rule_params)
+        except TypeError:
+            known = ", ".join(f.name for f in dataclasses.fields(SlaiRule))
+            raise TypeError(f"slai_faithful: unknown parameter(s) {sorted(rule_params)}; "
+                            f"SLAI's are {known}") from None
 
     def reset(self, view):
         super().reset(view)
@@ -43,11 +80,9 @@ class SlaiFaithful(PagedPolicy):
         self._last_kv = 0                   # real KV at the start of the last call
         self._last_active = 0               # running requests at the last call
         # With a TBT this short a served decoder could turn critical on the next step: walk every step.
-        self._never_skip = (self.tbt_s - self.theta_high * self.step_size
+        rule = self.rule
+        self._never_skip = (rule.tbt_s - rule.theta_high * rule.step_s
                             < 3 * view.model.longest_quiet_step_s)
-
-    def _theta(self, kv) -> int:
-        return self.theta_low if kv / self._max_kv < self.kv_threshold else self.theta_high
 
     def _forget(self, r):
         super()._forget(r)
@@ -61,7 +96,7 @@ class SlaiFaithful(PagedPolicy):
         # its LST refreshed) at each of them, and no request left before the last one. So the LST
         # is as of the last skipped step, with Θ from the real KV at its start.
         kv = self._last_kv + self._last_active * skipped
-        value = (view.prev_step_start_s + self.tbt_s) - self._theta(kv) * self.step_size
+        value = self.rule.last_schedule_time(view.prev_step_start_s, kv / self._max_kv)
         lst = self._lst
         for r in lst:
             lst[r] = value
@@ -75,27 +110,26 @@ class SlaiFaithful(PagedPolicy):
         self._sync(view)
         rem, lst = self._rem, self._lst
         now = view.now
-        budget = self.token_budget
-        theta = self._theta(view.kv_used)
-        fresh = (now + self.tbt_s) - theta * self.step_size
+        rule = self.rule
+        budget = rule.token_budget
+        fresh = rule.last_schedule_time(now, view.kv_used / self._max_kv)
         decoding = [r for r in view.running if rem[r] == 0]
         prefilling = [r for r in view.running if rem[r] > 0]
         for r in decoding:
             if r not in lst:
                 lst[r] = fresh
         decoding.sort(key=lambda r: (lst[r], r))
-        critical = [r for r in decoding if now >= lst[r]]
-        non_critical = [r for r in decoding if not now >= lst[r]]
-        served = critical[:self.decode_limit]
+        critical, non_critical = rule.split(decoding, lst.__getitem__, now)
+        served = critical[:rule.decode_limit]
         used = len(served)
         used = self._prefill(prefilling, budget, used)
         # admission, shortest prompt first (TBT is the same for every request)
-        queue = sorted(view.waiting, key=lambda i: (self.tbt_s, self._inp[i], i))
+        queue = sorted(view.waiting, key=lambda i: (self._inp[i], i))
         admit, used, closed = self._admit(view, queue, budget=budget, used=used,
                                           seqs=len(decoding) + len(prefilling), chunked=True)
         # non-critical decodes get only the leftover
         for r in non_critical:
-            if budget - used < 1 or len(served) >= self.decode_limit:
+            if budget - used < 1 or len(served) >= rule.decode_limit:
                 break
             served.append(r)
             used += 1
@@ -104,11 +138,11 @@ class SlaiFaithful(PagedPolicy):
         hold = frozenset(decoding) - frozenset(served)
         if (admit or hold or prefilling or critical or closed == "budget" or self._never_skip
                 or any(rem.values())):
-            self._wake = view.step + 1
+            wake = 1
         else:
             # Every decoder was served and refreshed; with nothing prefilling and the queue closed
             # for reasons fixed until an event (block manager, seqs) or monotone (engine limits),
             # nothing changes before the next arrival or completion. Θ moves only the LST values,
             # which the next call recomputes exactly as of the last skipped step.
-            self._wake = math.inf
-        return Decision(admit=admit, hold=hold)
+            wake = math.inf
+        return Decision(admit=admit, hold=hold, wake_after_steps=wake)

@@ -60,9 +60,9 @@ class VllmChunkedPrefillFaithful(PagedPolicy):
                             skip=set(preempted)).admit
         self._kept = kept
         if admit or preempted or prefilled or any(rem.values()):
-            self._wake = view.step + 1
+            wake = 1
         else:
             # Skipped steps have no prefill in flight and no preemption: the same decoders are
             # scheduled at each of them, one slot each.
-            self._wake = view.step + self._bm.steps_to_exhaustion(kept)
-        return Decision(admit=admit, preempt=preempted)
+            wake = self._bm.steps_to_exhaustion(kept)
+        return Decision(admit=admit, preempt=preempted, wake_after_steps=wake)

@@ -56,10 +56,10 @@ class VllmFaithful(PagedPolicy):
                             oversize_chunked=self.oversize == "chunk").admit
         self._kept = kept
         if admit or preempted:
-            self._wake = view.step + 1
+            wake = 1
         else:
             # Budget, seqs and the queue are fixed until an event and free blocks only fall, so
             # the only timer is the first step at which a kept request needs a block that is not there.
             # Skipped steps are therefore ones where every kept request appended one slot.
-            self._wake = view.step + self._bm.steps_to_exhaustion(kept)
-        return Decision(admit=admit, preempt=preempted)
+            wake = self._bm.steps_to_exhaustion(kept)
+        return Decision(admit=admit, preempt=preempted, wake_after_steps=wake)

@@ -14,8 +14,8 @@ class VllmStyleTokenBudget(Policy):
     usual sequence limit; the whole list is walked.
 
     Timer: the rounding over-counts same-step admissions, so a request skipped in a step that admitted
-    something may fit one step later with no arrival or completion; :meth:`wake_step` therefore asks
-    for the next step after any step with admissions (and requests left waiting).
+    something may fit one step later with no arrival or completion; its timer therefore asks for the
+    next step after any step with admissions (and requests left waiting).
 
     kv_block_size: KV block size in tokens (16).
     """
@@ -24,10 +24,6 @@ class VllmStyleTokenBudget(Policy):
 
     def __init__(self, kv_block_size: int = 16):
         self.kv_block_size = kv_block_size
-        self._wake = (None, NEVER)
-
-    def reset(self, view):
-        self._wake = (None, NEVER)
 
     def schedule(self, view):
         a, p, o = view.arrival_s, view.input_tokens, view.predicted_output_tokens
@@ -35,9 +31,4 @@ class VllmStyleTokenBudget(Policy):
         ranked = sorted(view.waiting, key=lambda i: (int(o[i]), float(a[i]), i))
         admitted = admit_in_order(view, ranked, kv_charge=lambda i: -(-int(p[i]) // block) * block)
         left = len(view.waiting) > len(admitted)
-        self._wake = (view.step, view.step + 1 if admitted and left else NEVER)
-        return Decision(admit=admitted)
-
-    def wake_step(self, view):
-        step, wake = self._wake
-        return wake if step == view.step else NEVER
+        return Decision(admit=admitted, wake_after_steps=1 if admitted and left else NEVER)

@@ -2,7 +2,7 @@
 
 from ..sim import Decision, Policy
 from . import register
-from ._common import ALPHA, BETA, admissions_in_order
+from ._common import ALPHA, BETA, admissions_in_order, estimate
 
 
 @register
@@ -36,7 +36,7 @@ class WeightedFairShare(Policy):
         deficit = demand / max(1, served + 1)
 
         def key(i):
-            est = self.alpha * int(p[i]) + self.beta * int(o[i])
+            est = estimate(int(p[i]), int(o[i]), self.alpha, self.beta)
             score = deficit * float(prio[i]) / max(est, 1e-9)
             return (-score, float(a[i]), i)
 

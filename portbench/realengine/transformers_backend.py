@@ -37,7 +37,7 @@ block cache; it cannot hold a request *out of* the cache, and it evicts by its o
   prompt-only block watermark is the engine's safety margin (1% here: below it no new prompt enters
   a batch that already has something, and that also stops later non-critical decodes that step); a
   waiting request that gets no blocks is skipped rather than closing admission; prefill is real, not
-  a shadow. Clock: wall time, ``step_size`` stays the study's 1 ms constant.
+  a shadow. Clock: wall time, ``SlaiRule.step_s`` stays the study's 1 ms constant.
 
 Times: the replay's t = 0 is taken just before the first submission, with ``time.perf_counter``
 (the engine stamps its timestamps with the same clock). Per request, admit = the first time it left
@@ -56,7 +56,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from ..policies._common import ALPHA, BETA
+from ..policies._common import estimate
+from ..policies.slai_faithful import SLAI
 from ..workload import Window
 from . import ModelShape, environment, random_prompt, to_run_result
 
@@ -230,12 +231,10 @@ class SlaiFaithfulScheduler(PortbenchScheduler):
         self.lst: dict[str, float] = {}     # last-schedule time of each decoder (perf_counter clock)
 
     def _schedule(self, token_budget, cache_budget):
-        p = {"tbt_s": 0.5, "theta_low": 5, "theta_high": 10, "kv_threshold": 0.96, "step_size": 0.001}
-        p.update(self.params)
+        rule = dataclasses.replace(SLAI, **self.params)
         now = time.perf_counter()
         used = 1.0 - self.cache.get_num_free_blocks() / self.cache.num_blocks
-        theta = p["theta_low"] if used < p["kv_threshold"] else p["theta_high"]
-        fresh = now + p["tbt_s"] - theta * p["step_size"]
+        fresh = rule.last_schedule_time(now, used)
         lst = self.lst
         for rid in [r for r in lst if r not in self.active_requests]:
             del lst[rid]
@@ -245,8 +244,7 @@ class SlaiFaithfulScheduler(PortbenchScheduler):
         for s in decoding:
             lst.setdefault(s.request_id, fresh)
         decoding.sort(key=lambda s: (lst[s.request_id], self.index(s.request_id)))
-        critical = [s for s in decoding if now >= lst[s.request_id]]
-        non_critical = [s for s in decoding if not now >= lst[s.request_id]]
+        critical, non_critical = rule.split(decoding, lambda s: lst[s.request_id], now)
         waiting = []
         if not self.block_new_requests:
             waiting = sorted(self._get_waiting_candidates(),
@@ -287,7 +285,7 @@ def request_keys(window: Window, policy: str) -> list:
     if policy == "edf":
         return [(float(window.deadline_s[i]), i) for i in range(n)]
     if policy == "estimated_service_time_first":
-        return [(ALPHA * int(window.input_tokens[i]) + BETA * int(window.predicted_output_tokens[i]),
+        return [(estimate(int(window.input_tokens[i]), int(window.predicted_output_tokens[i])),
                  float(window.deadline_s[i]), i) for i in range(n)]
     return [(float(window.arrival_s[i]), i) for i in range(n)]
 
@@ -349,7 +347,7 @@ def replay(window: Window, policy: str, *, shape: ModelShape = ModelShape(), dev
     extra: more ``ContinuousBatchingConfig`` fields (e.g. ``use_cuda_graph``, ``default_compile_level``,
         ``max_requests_per_batch``, ``safety_margin``), overriding the ones set here.
     policy_params: the policy's own constants (vllm_faithful: ``watermark``; slai_faithful: ``tbt_s``,
-        ``theta_low``, ``theta_high``, ``kv_threshold``, ``step_size``).
+        ``theta_low``, ``theta_high``, ``kv_threshold``, ``step_s``: fields of ``SlaiRule``).
     timeout_s: give up (ReplayError) if no result comes for this long after the last submission
         (default 300 s).
     model: a model from :func:`build_model` to reuse (it must have ``shape``'s config).

@@ -58,12 +58,11 @@ from pathlib import Path
 import numpy as np
 
 from . import ModelShape, environment, random_prompt, to_run_result
+from ..policies._common import estimate
 from ..workload import Window
 
 ENGINE = "vllm"
 
-# The study's service-estimate weights (portbench.policies._common): est = 0.5 * prompt + predicted.
-_ALPHA, _BETA = 0.5, 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,7 +83,7 @@ def _prio_deadline(w: Window) -> np.ndarray:
 
 
 def _est(w: Window) -> np.ndarray:
-    return _ALPHA * w.input_tokens.astype(np.float64) + _BETA * w.predicted_output_tokens
+    return estimate(w.input_tokens.astype(np.float64), w.predicted_output_tokens)
 
 
 def _prio_est(w: Window) -> np.ndarray:

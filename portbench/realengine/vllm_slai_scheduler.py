@@ -49,10 +49,13 @@ What could not be expressed (the gaps, also listed in :data:`GAPS`):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 
 from vllm.v1.core.sched.scheduler import Scheduler
+
+from ..policies.slai_faithful import SLAI, SlaiRule
 
 QUALNAME = "portbench.realengine.vllm_slai_scheduler.SlaiScheduler"
 
@@ -73,13 +76,8 @@ class SlaiScheduler(Scheduler):
     scheduler itself, so the constructor keeps vLLM's signature).
     """
 
-    tbt_s: float = 0.5
-    theta_low: int = 5
-    theta_high: int = 10
-    kv_threshold: float = 0.96
-    decode_limit: int = 128
-    initial_step_s: float = 0.001
-    step_ema: float = 0.2
+    rule: SlaiRule = SLAI               # SLAI's parameters and rule, shared with the simulator
+    step_ema: float = 0.2               # smoothing of the measured step length Θ counts
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -87,17 +85,19 @@ class SlaiScheduler(Scheduler):
 
     # -- configuration and counters -------------------------------------------------------------
     def slai_configure(self, **params) -> None:
-        for key, value in params.items():
-            if key not in ("tbt_s", "theta_low", "theta_high", "kv_threshold", "decode_limit",
-                           "initial_step_s", "step_ema"):
-                raise KeyError(f"unknown SLAI parameter {key!r}")
-            setattr(self, key, value)
+        if "step_ema" in params:
+            self.step_ema = params.pop("step_ema")
+        known = {f.name for f in dataclasses.fields(SlaiRule)}
+        for key in params:
+            if key not in known:
+                raise KeyError(f"unknown SLAI parameter {key!r}; known: {', '.join(sorted(known))}, step_ema")
+        self.rule = dataclasses.replace(SLAI, **params)
         self.slai_reset()
 
     def slai_reset(self) -> None:
         """Forget LSTs, the step estimate and the counters (between replays on one engine)."""
         self._lst: dict[str, float] = {}
-        self._step_s = float(self.initial_step_s)
+        self._step_s = float(self.rule.step_s)       # the first estimate: the study's 1 ms
         self._last_call: float | None = None
         self.slai_stats = {"calls": 0, "critical_decodes": 0, "held_decodes": 0,
                            "steps_with_holds": 0, "reordered_steps": 0}
@@ -142,8 +142,8 @@ class SlaiScheduler(Scheduler):
         self._last_call = now
         self.slai_stats["calls"] += 1
 
-        theta = self.theta_low if self.get_kv_cache_usage() < self.kv_threshold else self.theta_high
-        fresh = (now + self.tbt_s) - theta * self._step_s
+        rule = self.rule
+        fresh = rule.last_schedule_time(now, self.get_kv_cache_usage(), self._step_s)
         lst = self._lst
         for rid in [r for r in lst if r not in self.requests]:
             del lst[rid]                         # finished or aborted
@@ -154,18 +154,17 @@ class SlaiScheduler(Scheduler):
         for req in decoding:
             lst.setdefault(req.request_id, fresh)
         decoding.sort(key=lambda r: lst[r.request_id])
-        critical = [r for r in decoding if now >= lst[r.request_id]]
-        non_critical = [r for r in decoding if not now >= lst[r.request_id]]
+        critical, non_critical = rule.split(decoding, lambda r: lst[r.request_id], now)
 
         budget = self.max_num_scheduled_tokens
-        served = critical[:self.decode_limit]
+        served = critical[:rule.decode_limit]
         used = len(served)
         for req in prefilling:
             used += min(req.num_tokens - req.num_computed_tokens, max(budget - used, 0))
         used += self._estimate_admission_tokens(max(budget - used, 0), len(self.running))
-        room = max(0, min(budget - used, self.decode_limit - len(served)))
+        room = max(0, min(budget - used, rule.decode_limit - len(served)))
         served_nc = non_critical[:room]
-        held = critical[self.decode_limit:] + non_critical[room:]
+        held = critical[rule.decode_limit:] + non_critical[room:]
         self.slai_stats["critical_decodes"] += len(critical)
 
         order = served + prefilling + served_nc

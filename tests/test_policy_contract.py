@@ -1,0 +1,148 @@
+"""The policy interface's contract: the engine enforces it, check_policy finds what breaks it."""
+
+import numpy as np
+import pytest
+
+from portbench import sim
+from portbench.engine_v1 import VllmV1Model
+from portbench.policies import available, make_policy
+from portbench.sim import Decision, Policy, PolicyContractError
+from portbench.testing import check_policy
+from portbench.workload import make_window
+
+MODELS = [sim.LsspModel(drain_s=2.0), VllmV1Model(drain_s=2.0)]
+
+
+@pytest.mark.parametrize("name", available())
+def test_every_registered_policy_keeps_the_contract(name):
+    check_policy(type(make_policy(name)), max_examples=30)
+
+
+class PreemptOnce(Policy):
+    """Admits in arrival order and, once, preempts the oldest running request — with no timer."""
+
+    name = "preempt_once"
+
+    def reset(self, view):
+        self.done = False
+
+    def schedule(self, view):
+        if not self.done and len(view.running) >= 2:
+            self.done = True
+            return Decision(admit=list(view.waiting), preempt=[view.running[0]])
+        return Decision(admit=list(view.waiting))
+
+
+@pytest.mark.parametrize("model", MODELS, ids=lambda m: m.name)
+def test_a_preemption_without_a_timer_ends_the_stretch(model):
+    # A long request runs alone for a while, a second arrives; the preempted one must be re-admitted
+    # at once (next step) and finish, on the fast path as walking every step.
+    w = make_window("w", "test", [0.0, 0.005], [10, 10], [40, 5], [40, 5])
+    fast = sim.simulate(w, PreemptOnce(), model, verify=True)
+    assert fast.n_preemptions == 1
+    assert fast.completed.all()
+    check_policy(PreemptOnce, max_examples=25)
+
+
+class ForgetfulTimer(Policy):
+    """Admits a request only once it has waited 20 ms, but announces no timer."""
+
+    name = "forgetful_timer"
+    admission_only = True
+
+    def schedule(self, view):
+        return Decision(admit=[i for i in view.waiting if view.now - view.arrival_s[i] >= 0.02])
+
+
+class HonestTimer(ForgetfulTimer):
+    name = "honest_timer"
+
+    def schedule(self, view):
+        d = super().schedule(view)
+        pending = [view.arrival_s[i] + 0.02 for i in view.waiting if i not in d.admit]
+        return Decision(admit=d.admit, wake_at_s=min(pending, default=sim.NEVER))
+
+
+@pytest.mark.parametrize("model", MODELS, ids=lambda m: m.name)
+def test_a_missing_timer_is_caught_with_the_request_and_step(model):
+    w = make_window("w", "test", [0.0], [10], [5], [5])
+    with pytest.raises(PolicyContractError, match=r"request 0 .*admitted never on the fast path but at "
+                                                  r"[0-9.]+ s \(step \d+\) walking every step"):
+        sim.simulate(w, ForgetfulTimer(), model, verify=True)
+    r = sim.simulate(w, HonestTimer(), model, verify=True)
+    assert r.admit_s[0] >= 0.02
+    check_policy(HonestTimer, max_examples=25)
+
+
+class HoldsButSaysAdmissionOnly(Policy):
+    name = "holds_but_says_admission_only"
+    admission_only = True
+
+    def schedule(self, view):
+        return Decision(admit=list(view.waiting), hold=frozenset(view.running[:1]))
+
+
+@pytest.mark.parametrize("model", MODELS, ids=lambda m: m.name)
+def test_an_admission_only_policy_that_holds_is_refused(model):
+    w = make_window("w", "test", [0.0, 0.0, 0.05], [10, 10, 10], [500, 500, 5], [5, 5, 5])
+    with pytest.raises(PolicyContractError, match="declares admission_only but returned hold"):
+        sim.simulate(w, HoldsButSaysAdmissionOnly(), model)
+
+
+class CountsCalls(Policy):
+    """Declares admission_only but admits by how often it was asked: hidden state."""
+
+    name = "counts_calls"
+    admission_only = True
+
+    def reset(self, view):
+        self.calls = 0
+
+    def schedule(self, view):
+        self.calls += 1
+        return Decision(admit=list(view.waiting) if self.calls % 3 == 0 else [])
+
+
+def test_check_policy_names_a_stateful_admission_only_policy():
+    with pytest.raises(PolicyContractError, match="counts_calls.*differ"):
+        check_policy(CountsCalls, max_examples=40)
+
+
+@pytest.mark.parametrize("model", MODELS, ids=lambda m: m.name)
+def test_admitting_a_request_that_is_not_waiting_is_an_error(model):
+    class AdmitsTwice(Policy):
+        name = "admits_twice"
+
+        def schedule(self, view):
+            return Decision(admit=list(view.waiting) + list(view.running))
+
+    w = make_window("w", "test", [0.0, 0.001], [10, 10], [5, 5], [5, 5])
+    with pytest.raises(PolicyContractError, match="admitted request 0 at step \\d+, which is not waiting"):
+        sim.simulate(w, AdmitsTwice(), model)
+
+
+@pytest.mark.parametrize("model", MODELS, ids=lambda m: m.name)
+def test_refusals_are_reported_to_the_policy(model):
+    seen = []
+
+    class Greedy(Policy):
+        name = "greedy"
+
+        def schedule(self, view):
+            seen.append(view.refused)
+            return Decision(admit=list(view.waiting))
+
+    # KV room for one prompt only: the second is refused at step 0 and the policy is told.
+    m = type(model)(max_kv_tokens=64, drain_s=1.0)
+    w = make_window("w", "test", [0.0, 0.0], [48, 48], [3, 3], [3, 3])
+    r = sim.simulate(w, Greedy(), m, event_skipping=False)
+    assert seen[1] == ((1, "kv"),)
+    assert r.completed.all()
+
+
+def test_the_drain_bound_is_in_seconds_on_both_engines():
+    w = make_window("w", "test", [0.0], [10], [10_000], [10_000])
+    for model in (sim.LsspModel(drain_s=0.5), VllmV1Model(drain_s=0.5)):
+        r = sim.simulate(w, make_policy("fifo"), model, verify=True)
+        assert not r.completed.any()
+        assert r.duration_s < 0.5 <= r.duration_s + model.longest_quiet_step_s
