@@ -1,10 +1,18 @@
-"""The study's 11 per-cell metrics.
+"""The study's 11 per-cell metrics, defined once for every engine (both simulator models and both
+real backends produce a :class:`portbench.sim.RunResult` with these times):
+
+- **admission**: the request's first admission (a preempted request keeps it);
+- **TTFT**: first token ever produced − arrival (a preempted request keeps its first token);
+- **latency**: finish (its last token) − arrival; a request meets its SLO iff finish <= deadline;
+- **span**: from t = 0 to the start of the last executed engine step (:func:`run_span_s`); the
+  throughputs divide by it;
+- **ANWG** (goodput): priority weight of requests that completed within their deadline ÷ the
+  weight of all arrivals.
 
 Populations: ANWG, completion fraction and weighted completion count all arrivals and are always
 defined. The rest are over completed requests and undefined (NaN, never imputed) when nothing
 completed; TTFT additionally needs a completed request with a first-token time. Times are in the
-cell's (compressed) seconds. Percentiles are numpy's default (linear interpolation). Throughputs
-divide by the run's span: from t = 0 to the start of the last executed step.
+cell's (compressed) seconds. Percentiles are numpy's default (linear interpolation).
 """
 
 from __future__ import annotations
@@ -65,6 +73,12 @@ def cell_metrics(result) -> dict:
             out["mean_ttft_s"] = float(ttft.mean())
             out["p95_ttft_s"] = float(np.percentile(ttft, 95))
     return {m: out.get(m, nan) for m in METRICS}
+
+
+def run_span_s(step_starts_s) -> float:
+    """The run's span: the start of its last executed step, from t = 0 (0 when no step ran)."""
+    starts = np.asarray(step_starts_s, dtype=np.float64)
+    return float(starts.max()) if starts.size else 0.0
 
 
 def slo_violation_rate(result) -> float:

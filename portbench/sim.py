@@ -231,8 +231,8 @@ class _Engine:
         self.inp = window.input_tokens.tolist()
         self.out = window.output_tokens.tolist()
         self.decoded = [0] * n
-        self.admit_step = [-1] * n
-        self.first_step = [-1] * n          # step whose decode produced the first token
+        self.admit_step = [-1] * n          # step of the first admission
+        self.first_step = [-1] * n          # step whose decode produced the first token ever
         self.finish_step = [-1] * n         # step whose decode produced the last token
         self.waiting: list[int] = []
         self.running: list[int] = []
@@ -335,7 +335,8 @@ class _Engine:
             else:
                 self.running.append(i)
                 self._kv_running += self.inp[i] + self.decoded[i]
-                self.admit_step[i] = self.step
+                if self.admit_step[i] < 0:      # the first admission (metrics.py's definition)
+                    self.admit_step[i] = self.step
                 admitted.append(i)
                 waiting.discard(i)
         self.refused = tuple(refused)
@@ -350,7 +351,7 @@ class _Engine:
             if i in hold:
                 still.append(i)
                 continue
-            if self.decoded[i] == 0:
+            if self.first_step[i] < 0:          # the first token ever produced
                 self.first_step[i] = s
             left = self.out[i] - self.decoded[i]
             if left <= span:

@@ -127,8 +127,9 @@ def test_vllm_faithful_preemption_illustration():
     assert rec.decisions[5] == ([], [1], [])
     # Step 6: B fails can_allocate(21) (1 free block, 2 needed); it waits until A leaves after step 9.
     assert sorted(rec.decisions) == [0, 1, 5, 10]
-    np.testing.assert_allclose(r.admit_s, [0.0, 0.010])
-    np.testing.assert_allclose(r.first_token_s, [0.001, 0.011])      # re-stamped on readmission
+    # B keeps its first admission (step 1) and first token (end of step 1): metrics.py's definitions
+    np.testing.assert_allclose(r.admit_s, [0.0, 0.001])
+    np.testing.assert_allclose(r.first_token_s, [0.001, 0.002])
     np.testing.assert_allclose(r.finish_s, [0.010, 0.016])           # all 6 tokens decoded again
     assert r.n_preemptions == 1
     r2, _ = run("vllm_faithful", w, model, event_skipping=False)

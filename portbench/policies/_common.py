@@ -23,6 +23,17 @@ def estimate_s(prompt, predicted, alpha: float = ALPHA, beta: float = BETA,
     return estimate(prompt, predicted, alpha, beta) * unit_s
 
 
+def ranked_waiting(view, *keys_last_first) -> list:
+    """The waiting queue (an array of ids) sorted by several keys at once, in numpy: ``keys_last_first`` are functions
+    of the waiting ids' array giving one key column each, the *least* significant first (as
+    :func:`numpy.lexsort` takes them); the request id breaks the remaining ties. The same order as
+    Python's ``sorted`` on the key tuple, for keys without NaN."""
+    w = np.fromiter(view.waiting, dtype=np.int64, count=len(view.waiting))
+    if len(w) < 2:
+        return w
+    return w[np.lexsort((w, *(k(w) for k in keys_last_first)))]
+
+
 def fits(view, active: int, kv: int, prompt: int) -> bool:
     """The engine's hard admission limits: one more sequence, and its whole prompt in the KV cache."""
     m = view.model
@@ -42,6 +53,15 @@ def admissions_in_order(view, ranked, accept=None, kv_charge=None, limit=None):
     """
     active, kv = view.n_active, view.kv_used
     slots = view.model.max_active_sequences
+    if active >= slots:
+        return
+    if kv_charge is None and len(ranked) > 32:
+        # A long queue: drop at once every request whose prompt cannot fit in the KV room left now
+        # (the room only shrinks along the walk), and walk the rest.
+        r = ranked if isinstance(ranked, np.ndarray) else np.fromiter(ranked, dtype=np.int64, count=len(ranked))
+        ranked = r[view.input_tokens[r] <= view.model.max_kv_tokens - kv].tolist()
+    elif isinstance(ranked, np.ndarray):
+        ranked = ranked.tolist()
     n = 0
     for i in ranked:
         if active >= slots:          # no sequence slot left: nothing further can fit
@@ -61,9 +81,4 @@ def admissions_in_order(view, ranked, accept=None, kv_charge=None, limit=None):
 
 def admit_in_order(view, ranked, accept=None, kv_charge=None, limit=None) -> list:
     """The whole walk of :func:`admissions_in_order`, as a list."""
-    if kv_charge is None and len(ranked) > 32:
-        # A long queue: drop at once every request whose prompt cannot fit in the KV room left now
-        # (the room only shrinks along the walk), and walk the rest.
-        r = np.fromiter(ranked, dtype=np.int64, count=len(ranked))
-        ranked = r[view.input_tokens[r] <= view.model.max_kv_tokens - view.kv_used].tolist()
     return list(admissions_in_order(view, ranked, accept, kv_charge, limit))

@@ -1,8 +1,10 @@
 """``least_laxity_first``: smallest (deadline - now) - est first, as the study implemented it."""
 
+import numpy as np
+
 from ..sim import Decision, Policy
 from . import register
-from ._common import ALPHA, BETA, admissions_in_order, estimate
+from ._common import ALPHA, BETA, admissions_in_order, estimate, ranked_waiting
 
 
 @register
@@ -25,13 +27,12 @@ class LeastLaxityFirst(Policy):
         self.alpha = alpha
         self.beta = beta
 
+    def reset(self, view):
+        self._est = estimate(view.input_tokens.astype(np.float64),
+                             view.predicted_output_tokens.astype(np.float64), self.alpha, self.beta)
+
     def schedule(self, view):
-        now = view.now
-        d, p, o, prio = view.deadline_s, view.input_tokens, view.predicted_output_tokens, view.priority
-
-        def key(i):
-            di = float(d[i])
-            est = estimate(int(p[i]), int(o[i]), self.alpha, self.beta)
-            return ((di - now) - est, di, -float(prio[i]), i)
-
-        return Decision(admit=admissions_in_order(view, sorted(view.waiting, key=key)))
+        # key (lax, deadline, -priority, id), lax = (d - now) - est, evaluated in numpy
+        now, d, prio, est = view.now, view.deadline_s, view.priority, self._est
+        ranked = ranked_waiting(view, lambda w: -prio[w], lambda w: d[w], lambda w: (d[w] - now) - est[w])
+        return Decision(admit=admissions_in_order(view, ranked))

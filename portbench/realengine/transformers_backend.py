@@ -42,7 +42,7 @@ block cache; it cannot hold a request *out of* the cache, and it evicts by its o
 Times: the replay's t = 0 is taken just before the first submission, with ``time.perf_counter``
 (the engine stamps its timestamps with the same clock). Per request, admit = the first time it left
 the waiting queue, first token = the time its first token was appended (after that step's forward),
-finish = the time its last token was appended. ``duration_s`` is the last finish.
+finish = the time its last token was appended. ``duration_s`` is the span of :mod:`portbench.metrics`.
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from ..metrics import run_span_s
 from ..policies._common import estimate
 from ..policies.slai_faithful import SLAI
 from ..workload import Window
@@ -271,6 +272,36 @@ for _name, _cls in POLICIES.items():
     SCHEDULER_MAPPING[f"portbench_{_name}"] = _cls
 
 
+def result_from_engine(window: Window, policy: str, ids, outputs, states, step_log, t0: float,
+                       n_steps: int, n_preemptions: int):
+    """The engine's records as a RunResult, with :mod:`portbench.metrics`' definitions: admission
+    and first token are the earliest over every attempt of a request (an evicted request is
+    re-queued as a new state), finish its last token, span the start of the last step."""
+    n = len(window)
+    admit = np.full(n, np.nan)
+    first = np.full(n, np.nan)
+    finish = np.full(n, np.nan)
+    bad = []
+    for i, rid in enumerate(ids):
+        out = outputs[rid]
+        got = len(out.generated_tokens)
+        if out.error is not None or out.status != RequestStatus.FINISHED or got != int(window.output_tokens[i]):
+            bad.append(f"request {i}: {got}/{int(window.output_tokens[i])} tokens, status "
+                       f"{RequestStatus(out.status).name}, error {out.error!r}")
+            continue
+        seen = states.get(rid, [])
+        starts = [s.lifespan[0] for s in seen if s.lifespan[0] > 0]
+        stamps = [s._timestamps[0] for s in seen if s._timestamps]
+        admit[i] = (min(starts) if starts else out.lifespan[0]) - t0
+        first[i] = (min(stamps) if stamps else out.timestamps[0]) - t0
+        finish[i] = out.timestamps[-1] - t0
+    if bad:
+        raise ReplayError(f"window {window.window_id}, policy {policy}: wrong outputs: " + "; ".join(bad[:10]))
+    return to_run_result(window, policy, ENGINE, admit_s=admit, first_token_s=first, finish_s=finish,
+                         duration_s=run_span_s([entry[0] - t0 for entry in step_log]), n_steps=n_steps,
+                         n_preemptions=n_preemptions)
+
+
 def scheduler_type(policy: str) -> str:
     """The engine's ``scheduler_type`` for a study policy; KeyError naming the supported ones."""
     if policy not in POLICIES:
@@ -399,29 +430,7 @@ def replay(window: Window, policy: str, *, shape: ModelShape = ModelShape(), dev
         step_log = list(sched.step_log)
         n_evictions = sched.n_evictions
 
-    admit = np.full(n, np.nan)
-    first = np.full(n, np.nan)
-    finish = np.full(n, np.nan)
-    bad = []
-    for i, rid in enumerate(ids):
-        out = outputs[rid]
-        got = len(out.generated_tokens)
-        if out.error is not None or out.status != RequestStatus.FINISHED or got != int(window.output_tokens[i]):
-            bad.append(f"request {i}: {got}/{int(window.output_tokens[i])} tokens, status "
-                       f"{RequestStatus(out.status).name}, error {out.error!r}")
-            continue
-        seen = states.get(rid, [])
-        starts = [s.lifespan[0] for s in seen if s.lifespan[0] > 0]
-        stamps = [s._timestamps[0] for s in seen if s._timestamps]
-        admit[i] = (min(starts) if starts else out.lifespan[0]) - t0
-        first[i] = (min(stamps) if stamps else out.timestamps[0]) - t0
-        finish[i] = out.timestamps[-1] - t0
-    if bad:
-        raise ReplayError(f"window {window.window_id}, policy {policy}: wrong outputs: " + "; ".join(bad[:10]))
-
-    duration = float(np.nanmax(finish))
-    result = to_run_result(window, policy, ENGINE, admit_s=admit, first_token_s=first, finish_s=finish,
-                           duration_s=duration, n_steps=n_steps, n_preemptions=n_evictions)
+    result = result_from_engine(window, policy, ids, outputs, states, step_log, t0, n_steps, n_evictions)
 
     steps = pd.DataFrame(step_log, columns=["t_s", "prefill_tokens", "decode_seqs", "context_tokens",
                                             "n_requests", "steady"])

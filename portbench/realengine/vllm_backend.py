@@ -58,6 +58,7 @@ from pathlib import Path
 import numpy as np
 
 from . import ModelShape, environment, random_prompt, to_run_result
+from ..metrics import run_span_s
 from ..policies._common import estimate
 from ..workload import Window
 
@@ -315,7 +316,6 @@ def replay(window: Window, policy: str, *, shape: ModelShape = ModelShape(),
     n_steps = 0
     steps = {"start_s": [], "duration_s": [], "running": [], "waiting": []}
     busy_s = 0.0
-    last_step_start = 0.0
     submitted = 0
     i = 0
     clock = time.perf_counter
@@ -346,7 +346,6 @@ def replay(window: Window, policy: str, *, shape: ModelShape = ModelShape(),
             te = clock() - t0
             n_steps += 1
             busy_s += te - ts
-            last_step_start = ts
             steps["start_s"].append(ts)
             steps["duration_s"].append(te - ts)
             for o in outs:
@@ -386,7 +385,7 @@ def replay(window: Window, policy: str, *, shape: ModelShape = ModelShape(),
     # Admission stamps: a request can start and finish between two reads of `running`.
     admit = np.where(np.isnan(admit) & ~np.isnan(first), first, admit)
     result = to_run_result(window, policy, ENGINE, admit_s=admit, first_token_s=first,
-                           finish_s=finish, duration_s=last_step_start, n_steps=n_steps,
+                           finish_s=finish, duration_s=run_span_s(steps["start_s"]), n_steps=n_steps,
                            n_preemptions=int(sum(preempt_seen.values())))
     gen = int(produced[done].sum())
     info = {
