@@ -111,7 +111,7 @@ class EngineView:
     """The read-only state a policy sees. Arrays are indexed by request id; do not modify them."""
 
     __slots__ = ("model", "step", "now", "prev_step_start_s", "waiting", "running", "arrival_s",
-                 "deadline_s", "input_tokens", "predicted_output_tokens", "priority", "decoded",
+                 "deadline_s", "input_tokens", "predicted_output_tokens", "priority", "_decoded",
                  "kv_used", "n_requests", "refused", "_engine")
 
     def __init__(self, engine: "_Engine"):
@@ -131,10 +131,16 @@ class EngineView:
         self.prev_step_start_s = (e.step - 1) * e.model.step_s   # the step before (run or skipped)
         self.waiting = tuple(e.waiting)
         self.running = tuple(e.running)
-        self.decoded = e.decoded
+        self._decoded = e.decoded
         self.kv_used = e.kv_used()
         self.refused = e.refused
         return self
+
+    @property
+    def decoded(self) -> np.ndarray:
+        """Tokens produced so far, per request (an int64 array, indexed by request id)."""
+        d = self._decoded
+        return np.asarray(d, dtype=np.int64) if isinstance(d, list) else d
 
     @property
     def n_active(self) -> int:

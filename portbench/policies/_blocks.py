@@ -60,6 +60,21 @@ class BlockManager:
         if self.free_blocks < 0:
             raise AssertionError(f"block manager overdrawn by request {r}")
 
+    def append_slots_if_room(self, ids) -> bool:
+        """One ``append_slot`` for each of ``ids`` if the free blocks cover every one that needs a
+        new block (then none of them would fail, in any order); else change nothing, return False."""
+        bs, tokens = self.block_size, self.tokens
+        need = [r for r in ids if tokens[r] % bs == 0]      # the next token starts a new block
+        if len(need) > self.free_blocks:
+            return False
+        for r in ids:
+            tokens[r] += 1
+        table = self.table
+        for r in need:
+            table[r] += 1
+        self.free_blocks -= len(need)
+        return True
+
     def free(self, r: int) -> None:
         del self.tokens[r]
         self.free_blocks += self.table.pop(r)

@@ -18,6 +18,7 @@ only the engine's hard limits (:func:`._common.fits`) is skipped.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import NamedTuple
 
 from ..sim import Policy
@@ -81,6 +82,19 @@ class PagedPolicy(Policy):
         self._last_step = view.step
 
     # --- the step's pieces ---------------------------------------------------------------------
+
+    def _running_pass(self, decoders: list) -> tuple[list, list]:
+        """vLLM's running pass: each of ``decoders``, in order, appends a slot, preempting from the
+        back when no block is free (:meth:`_reserve`). Returns (kept, preempted)."""
+        if self._bm.append_slots_if_room(decoders):          # the common case: nobody is short
+            return decoders, []
+        pending = deque(decoders)
+        kept, preempted = [], []
+        while pending:
+            c = pending.popleft()
+            if self._reserve(c, pending, preempted):
+                kept.append(c)
+        return kept, preempted
 
     def _reserve(self, c: int, pending, preempted: list) -> bool:
         """:func:`._blocks.reserve_slot` for decoder ``c``; victims are forgotten as well."""

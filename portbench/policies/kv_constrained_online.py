@@ -1,8 +1,10 @@
 """``kv_constrained_online``: keep KV use under 0.82 of the cache unless a request is urgent."""
 
+import numpy as np
+
 from ..sim import NEVER, Decision, Policy
 from . import register
-from ._common import ALPHA, BETA, ESTIMATE_UNIT_S, admit_in_order, estimate_s
+from ._common import ALPHA, BETA, ESTIMATE_UNIT_S, estimate_s
 
 
 @register
@@ -39,34 +41,51 @@ class KvConstrainedOnline(Policy):
         self.target_kv_utilization = target_kv_utilization
         self.urgent_laxity_seconds = urgent_laxity_seconds
 
-    def _est_s(self, view, i):
-        return estimate_s(int(view.input_tokens[i]), int(view.predicted_output_tokens[i]),
-                          self.alpha, self.beta, self.estimate_unit_s)
+    def reset(self, view):
+        # per-request constants, the scalar formulas above element by element
+        p = view.input_tokens.astype(np.float64)
+        o = view.predicted_output_tokens.astype(np.float64)
+        self._est = estimate_s(p, o, self.alpha, self.beta, self.estimate_unit_s)
+        self._kv_cost = p + self.KV_COST_OUTPUT_WEIGHT * o
 
     def schedule(self, view):
-        now = view.now
-        d, p, o, prio = view.deadline_s, view.input_tokens, view.predicted_output_tokens, view.priority
+        now, d, prio = view.now, view.deadline_s, view.priority
         urgent_lax = self.urgent_laxity_seconds
-        urgent = {}
-        keyed = []
-        for i in view.waiting:
-            lax = (float(d[i]) - now) - self._est_s(view, i)
-            urgent[i] = lax <= urgent_lax
-            kv_cost = int(p[i]) + self.KV_COST_OUTPUT_WEIGHT * int(o[i])
-            keyed.append(((lax > urgent_lax, kv_cost / max(float(prio[i]), 1e-9), lax, i), i))
-        keyed.sort(key=lambda t: t[0])
-
-        max_kv = max(view.model.max_kv_tokens, 1)
-        capped = []                               # passed the hard limits, stopped by the cap
-
-        def accept(i, active, kv):
-            if (kv + int(p[i])) / max_kv <= self.target_kv_utilization or urgent[i]:
-                return True
-            capped.append(i)
-            return False
-
-        admitted = admit_in_order(view, [i for _, i in keyed], accept=accept)
-        wake = NEVER
-        for i in capped:       # each becomes urgent once (d - now) - est <= urgent_lax
-            wake = min(wake, float(d[i]) - self._est_s(view, i) - urgent_lax)
+        w = np.fromiter(view.waiting, dtype=np.int64, count=len(view.waiting))
+        lax = (d[w] - now) - self._est[w]
+        # key (not urgent, kv_cost / priority, lax, id)
+        order = np.lexsort((w, lax, self._kv_cost[w] / np.maximum(prio[w], 1e-9), lax > urgent_lax))
+        ranked, urgent = w[order], (lax <= urgent_lax)[order]
+        admitted, capped = self._walk(view, ranked, urgent)
+        # each capped request becomes urgent once (d - now) - est <= urgent_lax
+        wake = float(((d[capped] - self._est[capped]) - urgent_lax).min()) if len(capped) else NEVER
         return Decision(admit=admitted, wake_at_s=wake)
+
+    def _walk(self, view, ranked, urgent):
+        """The admission walk in rank order, skipping what does not fit the hard limits: a request
+        is admitted if it keeps ``(kv + P) / max_kv`` under the cap or is urgent; the others that
+        fit are *capped*. Done a segment at a time in numpy (between two admissions the KV in use
+        is fixed). Returns (admitted ids, capped ids)."""
+        m = view.model
+        p = view.input_tokens
+        max_kv = max(m.max_kv_tokens, 1)
+        active, kv = view.n_active, view.kv_used
+        seq_cap = min(m.max_active_sequences, m.max_batch_tokens)
+        admitted, capped = [], []
+        pos = 0
+        while pos < len(ranked) and active + 1 <= seq_cap:
+            rest, rest_urgent = ranked[pos:], urgent[pos:]
+            need = kv + p[rest]
+            fit = need <= m.max_kv_tokens
+            ok = fit & ((need / max_kv <= self.target_kv_utilization) | rest_urgent)
+            hits = np.flatnonzero(ok)
+            j = hits[0] if len(hits) else len(rest)
+            capped.append(rest[:j][fit[:j]])        # fit, but stopped by the cap (none of them urgent)
+            if j == len(rest):
+                break
+            i = int(rest[j])
+            admitted.append(i)
+            active += 1
+            kv += int(p[i])
+            pos += j + 1
+        return admitted, (np.concatenate(capped) if capped else ranked[:0])

@@ -10,8 +10,6 @@ decodes every admitted request from its admission step on (the study's Phase-1 m
 
 from __future__ import annotations
 
-from collections import deque
-
 from ..sim import Decision
 from . import register
 from ._paged import PagedPolicy
@@ -32,12 +30,7 @@ class SarathiFaithful(PagedPolicy):
         budget = self.chunk_size
         key = self._key.__getitem__
         # 1a. decodes first, oldest arrival first; victims from the back of the decoders
-        pending = deque(sorted((r for r in rem if rem[r] == 0), key=key))
-        kept, preempted = [], []
-        while pending:
-            c = pending.popleft()
-            if self._reserve(c, pending, preempted):
-                kept.append(c)
+        kept, preempted = self._running_pass(sorted((r for r in rem if rem[r] == 0), key=key))
         used = len(kept)
         # 1b. in-flight prefills take chunks from the leftover
         prefillers = sorted((r for r in rem if rem[r] > 0), key=key)

@@ -1,8 +1,10 @@
 """``scorpio_style_slo_guard``: the study's SCORPIO-inspired guard (credit bucket, deadline filter)."""
 
+import numpy as np
+
 from ..sim import NEVER, Decision, Policy
 from . import register
-from ._common import ALPHA, BETA, ESTIMATE_UNIT_S, admit_in_order, estimate_s, fits
+from ._common import ALPHA, BETA, ESTIMATE_UNIT_S, admit_in_order, estimate_s
 
 
 @register
@@ -79,6 +81,7 @@ class ScorpioStyleSloGuard(Policy):
 
     def reset(self, view):
         self._init_state()
+        self._arrays(view)
 
     def _refill(self):
         self.budget = min(self.admission_budget_max, self.budget + self.admission_budget_refill)
@@ -93,8 +96,15 @@ class ScorpioStyleSloGuard(Policy):
             if self.budget == before:     # at the cap (or a fixed point): further refills do nothing
                 break
 
-    def _est_s(self, p, o):
-        return estimate_s(p, o, self.alpha, self.beta, self.estimate_unit_s)
+    def _arrays(self, view):
+        """Per-request constants in numpy (the same floating-point operations as the scalar
+        formulas in the docstring, element by element)."""
+        p = view.input_tokens.astype(np.float64)
+        o = view.predicted_output_tokens.astype(np.float64)
+        self._est = estimate_s(p, o, self.alpha, self.beta, self.estimate_unit_s)
+        self._ttft_est = self.alpha * p * self.estimate_unit_s
+        self._pen = self.decode_penalty_weight * (self.beta * o)
+        self._long = view.predicted_output_tokens > self.long_decode_token_threshold
 
     def schedule(self, view):
         s = view.step
@@ -107,47 +117,37 @@ class ScorpioStyleSloGuard(Policy):
 
         m = view.model
         now = view.now
-        d, a, p, o, prio = (view.deadline_s, view.arrival_s, view.input_tokens,
-                            view.predicted_output_tokens, view.priority)
+        d, a, prio = view.deadline_s, view.arrival_s, view.priority
         kv_p = view.kv_used / max(m.max_kv_tokens, 1)
         dec_p = view.n_active / max(m.max_active_sequences, 1)
         queue_p = len(view.waiting) / max(m.max_active_sequences, 1)
         min_lax, min_ttft = -self.laxity_threshold, -self.ttft_slack_threshold
 
-        lax = {}
-        for i in view.waiting:
-            di, pi = float(d[i]), int(p[i])
-            li = (di - now) - self._est_s(pi, int(o[i]))
-            if li < min_lax or (di - now) - self.alpha * pi * self.estimate_unit_s < min_ttft:
-                continue
-            lax[i] = li
-        if not lax:
+        w = np.fromiter(view.waiting, dtype=np.int64, count=len(view.waiting))
+        slack = d[w] - now
+        lax_all = slack - self._est[w]
+        keep = ~((lax_all < min_lax) | (slack - self._ttft_est[w] < min_ttft))
+        cand, lax = w[keep], lax_all[keep]
+        if not len(cand):
             return Decision()
-        candidates = list(lax)
         guard = (kv_p >= self.kv_utilization_threshold or dec_p >= self.decode_pressure_threshold
                  or queue_p >= self.queue_overload_factor
-                 or sum(lax.values()) / len(lax) < 0.0)
+                 or sum(lax.tolist()) / len(lax) < 0.0)        # Python's left-to-right sum, as the study
 
-        held = []                                 # held back only by the long-decode filter
+        held = cand[:0]                           # held back only by the long-decode filter
         if guard and kv_p >= self.kv_utilization_threshold:
-            unlock = self.LONG_DECODE_UNLOCK_LAXITY_S
-            kept = []
-            for i in candidates:
-                (kept if int(o[i]) <= self.long_decode_token_threshold or lax[i] < unlock
-                 else held).append(i)
-            candidates = kept
+            back = self._long[cand] & ~(lax < self.LONG_DECODE_UNLOCK_LAXITY_S)
+            held = cand[back]
+            cand, lax = cand[~back], lax[~back]
 
-        def key(i):
-            li = lax[i]
-            score = 1.0 / max(li, 1e-9) + self.priority_weight * float(prio[i]) \
-                + self.age_bonus * (now - float(a[i]))
-            if guard:
-                score -= self.decode_penalty_weight * (self.beta * int(o[i])) * dec_p
-            return (-score, li, -float(prio[i]), float(a[i]), i)
-
-        candidates.sort(key=key)
+        # key (-score, lax, -priority, arrival, id)
+        pr, ar = prio[cand], a[cand]
+        score = 1.0 / np.maximum(lax, 1e-9) + self.priority_weight * pr + self.age_bonus * (now - ar)
+        if guard:
+            score = score - self._pen[cand] * dec_p
+        candidates = cand[np.lexsort((cand, ar, -pr, lax, -score))]
         limit = max(1, int(self.budget)) if guard else None
-        admitted = admit_in_order(view, candidates, limit=limit) if candidates else []
+        admitted = admit_in_order(view, candidates, limit=limit) if len(candidates) else []
         if guard:
             for _ in admitted:
                 self.budget = max(0.0, self.budget - self.admission_cost)
@@ -157,17 +157,20 @@ class ScorpioStyleSloGuard(Policy):
         if limit is not None and len(admitted) >= limit and len(admitted) < len(candidates):
             # the cap stopped the walk: more may fit next step
             return Decision(admit=admitted, wake_after_steps=1)
-        return Decision(admit=admitted, wake_at_s=self._unlock_time(view, admitted, held, lax))
+        return Decision(admit=admitted, wake_at_s=self._unlock_time(view, admitted, held))
 
-    def _unlock_time(self, view, admitted, held, lax):
+    def _unlock_time(self, view, admitted, held):
         # Every candidate walked and left behind failed the hard limits against capacity that only
-        # shrinks until an arrival or completion; what is left is the long-decode filter.
+        # shrinks until an arrival or completion; what is left is the long-decode filter: the first
+        # time one of those that fits gets lax < 0.5, at now = d - est - 0.5.
+        if not len(held):
+            return NEVER
+        m = view.model
         active = view.n_active + len(admitted)
         kv = view.kv_used + sum(int(view.input_tokens[i]) for i in admitted)
-        wake = NEVER
-        unlock = self.LONG_DECODE_UNLOCK_LAXITY_S
-        for i in held:         # lax = (d - now) - est falls below 0.5 at now = d - est - 0.5
-            if fits(view, active, kv, int(view.input_tokens[i])):
-                est = self._est_s(int(view.input_tokens[i]), int(view.predicted_output_tokens[i]))
-                wake = min(wake, float(view.deadline_s[i]) - est - unlock)
-        return wake
+        if not (active + 1 <= m.max_active_sequences and active + 1 <= m.max_batch_tokens):
+            return NEVER
+        held = held[kv + view.input_tokens[held] <= m.max_kv_tokens]
+        if not len(held):
+            return NEVER
+        return float(((view.deadline_s[held] - self._est[held]) - self.LONG_DECODE_UNLOCK_LAXITY_S).min())

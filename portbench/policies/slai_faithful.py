@@ -17,6 +17,7 @@ import math
 
 from ..sim import Decision
 from . import register
+from ._common import ranked_waiting
 from ._paged import PagedPolicy
 
 
@@ -124,7 +125,8 @@ class SlaiFaithful(PagedPolicy):
         used = len(served)
         used = self._prefill(prefilling, budget, used)
         # admission, shortest prompt first (TBT is the same for every request)
-        queue = sorted(view.waiting, key=lambda i: (self._inp[i], i))
+        inp = view.input_tokens
+        queue = ranked_waiting(view, lambda w: inp[w]).tolist()
         admit, used, closed = self._admit(view, queue, budget=budget, used=used,
                                           seqs=len(decoding) + len(prefilling), chunked=True)
         # non-critical decodes get only the leftover

@@ -33,10 +33,15 @@ class VllmChunkedPrefillFaithful(PagedPolicy):
         rem = self._rem
         budget = self.max_num_batched_tokens
         # 1. running pass over the mixed list, oldest arrival first
-        pending = deque(sorted(rem, key=self._key.__getitem__))
+        ordered = sorted(rem, key=self._key.__getitem__)
         used = seqs = 0
         kept, preempted = [], []
         prefilled = False
+        if len(ordered) <= budget and not any(rem.values()):
+            # decoders only, one token each, all within the budget: the plain running pass
+            kept, preempted = self._running_pass(ordered)
+            used = seqs = len(kept)
+        pending = deque() if used or preempted else deque(ordered)
         while pending:
             c = pending[0]
             left = budget - used

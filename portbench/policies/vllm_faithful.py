@@ -16,8 +16,6 @@ left of the step's budget, as a chunked-prefill engine would.
 
 from __future__ import annotations
 
-from collections import deque
-
 from ..sim import Decision
 from . import register
 from ._paged import PagedPolicy
@@ -40,12 +38,7 @@ class VllmFaithful(PagedPolicy):
     def schedule(self, view):
         self._sync(view)
         # 1. running pass, oldest arrival first
-        pending = deque(sorted(self._rem, key=self._key.__getitem__))
-        kept, preempted = [], []
-        while pending:
-            c = pending.popleft()
-            if self._reserve(c, pending, preempted):
-                kept.append(c)
+        kept, preempted = self._running_pass(sorted(self._rem, key=self._key.__getitem__))
         # 2. admission in queue order, whole prompts plus the first slot; each kept request takes 1 token
         budget = self.max_num_batched_tokens
         queue = view.waiting
