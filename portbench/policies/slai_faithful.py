@@ -12,12 +12,14 @@ shadow: prefilling and new requests are never held and decode from their admissi
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 
+import numpy as np
+
 from ..sim import Decision
 from . import register
-from ._common import ranked_waiting
 from ._paged import PagedPolicy
 
 
@@ -49,9 +51,9 @@ class SlaiRule:
 
     @staticmethod
     def split(decoders: list, lst, now: float) -> tuple[list, list]:
-        """Decoders (in LST order) into critical (``now >= LST``) and the rest; ``lst(r)`` gives r's LST."""
-        critical = [r for r in decoders if now >= lst(r)]
-        return critical, [r for r in decoders if not now >= lst(r)]
+        """Decoders (sorted by LST) into critical (``now >= LST``) and the rest; ``lst(r)`` is r's LST."""
+        k = bisect.bisect_right(decoders, now, key=lst)
+        return decoders[:k], decoders[k:]
 
 
 #: The study's SLAI.
@@ -81,6 +83,11 @@ class SlaiFaithful(PagedPolicy):
         self._last_kv = 0                   # real KV at the start of the last call
         self._last_active = 0               # running requests at the last call
         # With a TBT this short a served decoder could turn critical on the next step: walk every step.
+        # the admission order, shortest prompt first then id, as one rank per request
+        order = np.lexsort((np.arange(view.n_requests), view.input_tokens))
+        rank = np.empty(view.n_requests, dtype=np.int64)
+        rank[order] = np.arange(view.n_requests)
+        self._prompt_rank = rank.tolist()
         rule = self.rule
         self._never_skip = (rule.tbt_s - rule.theta_high * rule.step_s
                             < 3 * view.model.longest_quiet_step_s)
@@ -119,14 +126,14 @@ class SlaiFaithful(PagedPolicy):
         for r in decoding:
             if r not in lst:
                 lst[r] = fresh
-        decoding.sort(key=lambda r: (lst[r], r))
+        decoding.sort()                             # by (LST, id): id first, then a stable sort
+        decoding.sort(key=lst.__getitem__)
         critical, non_critical = rule.split(decoding, lst.__getitem__, now)
         served = critical[:rule.decode_limit]
         used = len(served)
         used = self._prefill(prefilling, budget, used)
         # admission, shortest prompt first (TBT is the same for every request)
-        inp = view.input_tokens
-        queue = ranked_waiting(view, lambda w: inp[w]).tolist()
+        queue = sorted(view.waiting, key=self._prompt_rank.__getitem__)
         admit, used, closed = self._admit(view, queue, budget=budget, used=used,
                                           seqs=len(decoding) + len(prefilling), chunked=True)
         # non-critical decodes get only the leftover
