@@ -46,8 +46,9 @@ test: $(STAMP) $(VLLM_STAMP) browser
 	$(BIN)/python -m pytest -q
 	$(VLLM_VENV)/bin/python -m pytest -q tests/test_realengine_vllm.py
 
-# Headless Chromium renders the built book in one smoke test. It is a system package: installed with
-# apt-get when it is missing and we may (root, Debian); otherwise that one test is skipped.
+# Headless Chromium reads the built book in tests/test_book_browser.py (driven over the DevTools
+# protocol with websocket-client, a dev extra). It is a system package: installed with apt-get when it
+# is missing and we may (root, Debian); otherwise those tests are skipped.
 browser:
 	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
 	  && (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) ; } \

@@ -11,13 +11,29 @@
 # %% [markdown]
 # # The original study's numbers beside ours
 #
-# The original study (Vahidi 2026, LSSP v1.0.0) publishes the data behind its tables as four JSON
-# files in its repository (`paper/generated/table_data/`); portbench ships them unchanged in
-# `data/reference/lssp_table_data/` (provenance and licence: `data/README.md`). This chapter sets
-# **every published cell** of those files beside the number our pipeline computes for it — the same
-# `portbench.stats` calls the RQ chapters make, on our campaign table — and says for each cell whether
-# the two agree. The original's numbers are targets to compare against, never inputs: nothing below is
-# typed in, and the published values are only read from the shipped files.
+# **Question.** Does portbench reproduce the original study's published numbers, cell by cell, and
+# where it does not, why? **Method.** The original study (Vahidi 2026, LSSP v1.0.0) publishes the data
+# behind its tables as four JSON files, shipped unchanged in `data/reference/lssp_table_data/`; this
+# chapter sets **every published cell** beside the number the same `portbench.stats` calls compute for
+# it on our campaign table, and classifies each as an exact match, within rounding, different or not
+# computed.
+
+# %% tags=["parameters"]
+results_path = ""          # campaign table to read (empty: data/results/campaign_<engine_model>.parquet)
+engine_model = "lssp"      # engine model whose campaign is compared (the study's simulator: lssp)
+n_resamples = 2000         # bootstrap resamples
+seed = 0                   # seed of every bootstrap
+output_dir = "book/figures"  # where figures are written
+reference_dir = "data/reference/lssp_table_data"  # the study's published table data
+recovery_threshold = 0.9    # RQ5's reading of a recovery curve (the study's threshold too)
+
+# %% [markdown]
+# ## Method in detail
+#
+# The original publishes its table data in its repository (`paper/generated/table_data/`); portbench
+# ships the files unchanged (provenance and licence: `data/README.md`). The original's numbers are
+# targets to compare against, never inputs: nothing below is typed in, and the published values are
+# only read from the shipped files.
 #
 # A cell is an **exact match** when the two numbers are the same double (or the same integer, flag or
 # label); **within rounding** when they differ only in the last digits of a double (relative difference
@@ -28,17 +44,8 @@
 # difference is explained in the section of its file, and the `why` column names the reason. Not
 # counted as cells: file metadata (generation time, git SHAs, input hashes), the labels that identify a
 # cell rather than report one (conditions, policies, split names, the flag marking a sensitivity split,
-# the list of the four regions) and free-text notes. Engine model `lssp`, the 11 primary policies, ANWG
-# unless a row says otherwise.
-
-# %% tags=["parameters"]
-results_path = ""
-engine_model = "lssp"
-n_resamples = 2000
-seed = 0
-output_dir = "book/figures"
-reference_dir = "data/reference/lssp_table_data"
-recovery_threshold = 0.9    # RQ5's reading of a recovery curve (the study's threshold too)
+# the list of the four regions) and free-text notes. Engine model {glue:text}`cmp_engine` (this
+# build's), the 11 primary policies, ANWG unless a row says otherwise.
 
 # %%
 import inspect
@@ -74,6 +81,7 @@ def load_reference(name):
 FILES = ("rq1_rq2_portability", "rq3_reversals", "rq4_sample_complexity", "rq5_temporal_robustness")
 published = {name: load_reference(name) for name in FILES}
 print(f"{len(table)} cells; {n_resamples} resamples; seed {seed}; reference files: {', '.join(FILES)}")
+glue("cmp_engine", engine_model, display=False)
 
 # %%
 # The study's metric and class names → ours.
@@ -183,7 +191,7 @@ def spearman(a: pd.Series, b: pd.Series):
 # | SLO sensitivity: median τ_b | 0.872 | {glue:text}`rq4_regions_slo.ipynb::rq4_slo_median_tau:.3f` |
 # | SLO sensitivity: top-1 changes | 13 of 30 | {glue:text}`rq4_regions_slo.ipynb::rq4_slo_top1_changes:d` of {glue:text}`rq4_regions_slo.ipynb::rq4_slo_conditions:d` |
 # | RQ6, SLAI − vLLM ANWG at HIGH_PRESSURE, Azure / BurstGPT / Bailian, real engine | −0.024 / −0.200 / −0.026 (vLLM 0.27.1, Qwen2.5-0.5B, A100, 40 windows per source) | {glue:text}`rq6_real_engine.ipynb::rq6_vllm_cpu_case_azure_llm_2024:+.3f` / {glue:text}`rq6_real_engine.ipynb::rq6_vllm_cpu_case_burstgpt:+.3f` / {glue:text}`rq6_real_engine.ipynb::rq6_vllm_cpu_case_bailian_qwen:+.3f` (vLLM 0.32 CPU build, tiny random model; see RQ6 for the windows) |
-# | the same, simulator (`lssp`) | reversal (SLAI ahead on Azure, behind on BurstGPT) | {glue:text}`rq6_real_engine.ipynb::rq6_sim_azure_llm_2024:+.3f` / {glue:text}`rq6_real_engine.ipynb::rq6_sim_burstgpt:+.3f` / {glue:text}`rq6_real_engine.ipynb::rq6_sim_bailian_qwen:+.3f` |
+# | the same, simulator ({glue:text}`cmp_engine`) | reversal (SLAI ahead on Azure, behind on BurstGPT) | {glue:text}`rq6_real_engine.ipynb::rq6_sim_azure_llm_2024:+.3f` / {glue:text}`rq6_real_engine.ipynb::rq6_sim_burstgpt:+.3f` / {glue:text}`rq6_real_engine.ipynb::rq6_sim_bailian_qwen:+.3f` |
 # | compute for the campaign | ~33 CPU-core-hours for 18,720 cells (two repetitions) | see `benchmarks/bench_campaign.py` and the README (minutes on two cores) |
 #
 # The cross-metric and SLO-sensitivity numbers are not in the table files: the temporal-robustness file
@@ -923,19 +931,6 @@ fig.tight_layout()
 fig.savefig(Path(output_dir) / "comparison_match.png", dpi=120)
 
 # %% [markdown]
-# Of the {glue:text}`cmp_n_cells:d` published cells, {glue:text}`cmp_n_computed:d` have a portbench
-# counterpart; {glue:text}`cmp_n_exact_match:d` of them match exactly, {glue:text}`cmp_n_within_rounding:d`
-# within rounding (differences around 10⁻¹⁶), and {glue:text}`cmp_n_differs:d` differ. Of those,
-# {glue:text}`cmp_differs_bootstrap:d` are bootstrap intervals or p-values and
-# {glue:text}`cmp_differs_subsample:d` subsampling probabilities or thresholds, drawn from a different
-# random stream ({glue:text}`cmp_differs_bh_family:d` verdicts after Benjamini–Hochberg also differ,
-# where the p-values and the BH families do); {glue:text}`cmp_differs_float_ties:d` come from ties the
-# study's float means break; {glue:text}`cmp_differs_zero_ties:d` from the UNDEFINED rule for a zero
-# loser. {glue:text}`cmp_n_unexplained:d` differences are unexplained. {glue:text}`cmp_n_not_computed:d`
-# cells are not computed: Spearman intervals, top-3 recovery, the concentrated-vs-spread comparison and
-# the policy-family robustness. No published point estimate that portbench computes by the same rule
-# differs from ours.
-#
 # ## Where the numbers differ beyond the tables, and why
 #
 # **The real-engine result.** The original found that vLLM beat SLAI on every source on an A100, so
@@ -954,7 +949,25 @@ fig.savefig(Path(output_dir) / "comparison_match.png", dpi=120)
 # model, policies, metrics and statistics from their published semantics, on the same windows; the
 # simulator is deterministic, so where our rules match theirs the numbers must match to the last digit,
 # and they do. The λ_ref reproduction (relative difference
-# {glue:text}`workload.ipynb::lambda_max_rel_diff:.2g` on all 120 windows) is the check that the engine
+# {glue:text}`workload.ipynb::lambda_max_rel_diff:.2g` on all
+# {glue:text}`workload.ipynb::lambda_n_windows:d` windows) is the check that the engine
 # model and FIFO are the study's; the cells above are the check that the metrics, the class rules and
 # the rank statistics are too, up to the two rule differences found here (a zero loser with Δ = 0, and
 # ties between float means).
+
+# %% [markdown]
+# :::{admonition} Finding
+# :class: tip pb-finding
+# Of the {glue:text}`cmp_n_cells:d` published cells, {glue:text}`cmp_n_computed:d` have a portbench
+# counterpart; {glue:text}`cmp_n_exact_match:d` of them match exactly, {glue:text}`cmp_n_within_rounding:d`
+# within rounding (differences around 10⁻¹⁶), and {glue:text}`cmp_n_differs:d` differ. Of those,
+# {glue:text}`cmp_differs_bootstrap:d` are bootstrap intervals or p-values and
+# {glue:text}`cmp_differs_subsample:d` subsampling probabilities or thresholds, drawn from a different
+# random stream ({glue:text}`cmp_differs_bh_family:d` verdicts after Benjamini–Hochberg also differ,
+# where the p-values and the BH families do); {glue:text}`cmp_differs_float_ties:d` come from ties the
+# study's float means break; {glue:text}`cmp_differs_zero_ties:d` from the UNDEFINED rule for a zero
+# loser. {glue:text}`cmp_n_unexplained:d` differences are unexplained. {glue:text}`cmp_n_not_computed:d`
+# cells are not computed: Spearman intervals, top-3 recovery, the concentrated-vs-spread comparison and
+# the policy-family robustness. No published point estimate that portbench computes by the same rule
+# differs from ours.
+# :::

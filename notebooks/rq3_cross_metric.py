@@ -11,19 +11,27 @@
 # %% [markdown]
 # # RQ3 — Does the ranking survive a change of metric?
 #
-# Within each (source, region) condition — 18 of them — the 11 primary policies are ranked under each
-# of the 11 metrics (lower-is-better metrics negated first) and every pair of metrics is compared with
-# Kendall's $\tau_b$ (55 pairs; paired window bootstrap). We summarise the median $\tau_b$, the share
-# of negative $\tau_b$ and the **top-1 agreement**: how often two metrics crown the same policy. Ties
-# for the top go to the alphabetically first policy id (the original's rule), and we report how many
-# top-1s were tied — with every request completing, completion fraction ties all policies at 1.
+# **Question.** Would a paper that reports mean latency crown the same scheduler as one that reports
+# goodput or SLO violations? **Method.** Within each (source, region) condition the policies of the
+# panel are ranked under each metric (lower-is-better metrics negated first), and every two metrics'
+# rankings are compared with Kendall's $\tau_b$ (paired window bootstrap) and by whether they crown
+# the same policy (**top-1 agreement**).
 
 # %% tags=["parameters"]
-results_path = ""
-engine_model = "lssp"
-n_resamples = 2000
-seed = 0
-output_dir = "book/figures"
+results_path = ""          # campaign table to read (empty: data/results/campaign_<engine_model>.parquet)
+engine_model = "lssp"      # engine model whose campaign is analysed
+n_resamples = 2000         # bootstrap resamples
+seed = 0                   # seed of every bootstrap
+output_dir = "book/figures"  # where figures are written
+panel = "primary"          # policies ranked: primary (the study's 11), study (its 13) or comma-separated ids
+confidence_level = 0.95    # level of the bootstrap intervals of τ_b
+
+# %% [markdown]
+# ## Method in detail
+#
+# We summarise the median $\tau_b$, the share of negative $\tau_b$ and the top-1 agreement. Ties for
+# the top go to the alphabetically first policy id (the original's rule), and we report how many
+# top-1s were tied — with every request completing, completion fraction ties all policies at 1.
 
 # %%
 from pathlib import Path
@@ -34,19 +42,24 @@ import pandas as pd
 from myst_nb import glue
 
 from portbench import stats
+from portbench.book import resolve_panel, source_label
 from portbench.campaign import load_results
 from portbench.metrics import METRICS
-from portbench.policies import PRIMARY_PANEL
 from portbench.regions import REGIONS
 
+policies = resolve_panel(panel)
 Path(output_dir).mkdir(parents=True, exist_ok=True)
 table = pd.read_parquet(results_path) if results_path else load_results(engine_model)
 regions = [r for r in REGIONS if r in set(table["region"])]
 sources = sorted(set(table["source"]))
+glue("rq3_engine", engine_model, display=False)
+glue("rq3_n_policies", len(policies), display=False)
+glue("rq3_n_metrics", len(METRICS), display=False)
+glue("rq3_n_conditions", len(sources) * len(regions), display=False)
 
 # %%
 results = {(s, r): stats.cross_metric(table, s, r, n_resamples=n_resamples, seed=seed,
-                                      policies=PRIMARY_PANEL)
+                                      policies=policies, confidence_level=confidence_level)
            for s in sources for r in regions}
 pairs = pd.concat([res.pairs for res in results.values()], ignore_index=True)
 overall = stats.cross_metric_summary(pairs)
@@ -56,18 +69,21 @@ glue("rq3_top1_agreement", overall["top1_agreement"], display=False)
 glue("rq3_n_defined", overall["n_defined"], display=False)
 n_tied = int((pairs["top1_tied_a"] | pairs["top1_tied_b"]).sum())
 glue("rq3_n_top1_tied", n_tied, display=False)
-print(f"over {overall['n_defined']} defined (condition, metric pair) comparisons: median τ_b "
-      f"{overall['median_tau']:.3f}, {overall['share_negative']:.1%} negative, top-1 agreement "
-      f"{overall['top1_agreement']:.1%} ({n_tied} comparisons had a tied top-1)")
+print(f"engine model {engine_model}: over {overall['n_defined']} defined (condition, metric pair) "
+      f"comparisons: median τ_b {overall['median_tau']:.3f}, {overall['share_negative']:.1%} negative, "
+      f"top-1 agreement {overall['top1_agreement']:.1%} ({n_tied} comparisons had a tied top-1)")
 
-# %%
+# %% [markdown]
+# Per (source, region) condition (folded):
+
+# %% tags=["hide-output"]
 summary = pd.DataFrame([{"source": s, "region": r, "median_tau": res.median_tau,
                          "share_negative": res.share_negative, "top1_agreement": res.top1_agreement,
                          "defined": res.n_defined} for (s, r), res in results.items()])
 summary.round(3)
 
 # %% [markdown]
-# ## Which metrics agree? Median $\tau_b$ over the 18 conditions
+# ## Which metrics agree? Median $\tau_b$ over all conditions
 
 # %%
 metrics = sorted(METRICS)
@@ -83,12 +99,25 @@ for (i, j), v in np.ndenumerate(m.to_numpy(dtype=float)):
     if i != j and np.isfinite(v):
         ax.text(j, i, f"{v:.1f}", ha="center", va="center", fontsize=7)
 fig.colorbar(im, ax=ax, label="median Kendall τ_b")
-ax.set_title("Cross-metric agreement (median over sources × regions)")
+ax.set_title(f"Cross-metric agreement (median over sources × regions; {engine_model})")
 fig.tight_layout()
 fig.savefig(Path(output_dir) / "rq3_metric_tau.png", dpi=120)
+finite_med = med.dropna()
+if len(finite_med):
+    best, worst = finite_med.idxmax(), finite_med.idxmin()
+    glue("rq3_best_metric_pair", f"{best[0]} and {best[1]}", display=False)
+    glue("rq3_best_metric_pair_tau", float(finite_med.max()), display=False)
+    glue("rq3_worst_metric_pair", f"{worst[0]} and {worst[1]}", display=False)
+    glue("rq3_worst_metric_pair_tau", float(finite_med.min()), display=False)
+else:
+    for key in ("rq3_best_metric_pair", "rq3_worst_metric_pair"):
+        glue(key, "none", display=False)
+        glue(f"{key}_tau", float("nan"), display=False)
 
 # %% [markdown]
 # ## Who wins under each metric?
+#
+# How many of the (source, region) conditions each policy tops, metric by metric:
 
 # %%
 best = []
@@ -99,4 +128,39 @@ for (s, r), res in results.items():
         top = row["top1_a"].iloc[0] if len(row) else p[p["metric_b"] == metric]["top1_b"].iloc[0]
         best.append({"source": s, "region": r, "metric": metric, "top1": top})
 best = pd.DataFrame(best)
-best.pivot_table(index="metric", columns="top1", values="region", aggfunc="count", fill_value=0)
+wins = best.pivot_table(index="metric", columns="top1", values="region", aggfunc="count", fill_value=0)
+fig, ax = plt.subplots(figsize=(1.0 + 0.55 * wins.shape[1], 0.38 * wins.shape[0] + 2.6))
+im = ax.imshow(wins.to_numpy(), cmap="Blues", aspect="auto")
+ax.set_xticks(range(wins.shape[1]), wins.columns, rotation=90, fontsize=8)
+ax.set_yticks(range(wins.shape[0]), wins.index, fontsize=8)
+for (i, j), v in np.ndenumerate(wins.to_numpy()):
+    if v:
+        ax.text(j, i, str(v), ha="center", va="center", fontsize=8,
+                color="white" if v > wins.to_numpy().max() / 2 else "black")
+ax.set_title(f"Top-1 policy per metric (conditions won; {engine_model})", fontsize=10)
+fig.tight_layout()
+fig.savefig(Path(output_dir) / "rq3_top1_by_metric.png", dpi=120)
+n_winners = best.groupby(["source", "region"])["top1"].nunique()
+glue("rq3_max_distinct_winners", int(n_winners.max()), display=False)
+worst_condition = n_winners.idxmax()
+glue("rq3_max_distinct_winners_where",
+     f"{source_label(worst_condition[0])} at {worst_condition[1]}", display=False)
+
+# %% tags=["hide-output"]
+wins
+
+# %% [markdown]
+# :::{admonition} Finding
+# :class: tip pb-finding
+# Over {glue:text}`rq3_n_defined:d` defined (condition,
+# metric pair) comparisons of the {glue:text}`rq3_n_policies:d` policies' rankings (engine model
+# {glue:text}`rq3_engine`, {glue:text}`rq3_n_metrics:d` metrics, {glue:text}`rq3_n_conditions:d`
+# (source, region) conditions), the median Kendall $\tau_b$ between two metrics' rankings is
+# {glue:text}`rq3_median_tau:.3f`, {glue:text}`rq3_share_negative:.1%` of them are negative, and two
+# metrics crown the same policy in {glue:text}`rq3_top1_agreement:.1%` of comparisons
+# ({glue:text}`rq3_n_top1_tied:d` of them with a tied top-1). The closest metrics are
+# {glue:text}`rq3_best_metric_pair` (median $\tau_b$ {glue:text}`rq3_best_metric_pair_tau:.2f`), the
+# farthest {glue:text}`rq3_worst_metric_pair` ({glue:text}`rq3_worst_metric_pair_tau:.2f`); in one
+# condition ({glue:text}`rq3_max_distinct_winners_where`) the metrics crown
+# {glue:text}`rq3_max_distinct_winners:d` different policies.
+# :::

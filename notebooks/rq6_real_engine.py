@@ -11,32 +11,48 @@
 # %% [markdown]
 # # RQ6 — Does the simulated reversal hold on a real engine?
 #
-# The study's pre-registered case is its largest simulated reversal: `slai_faithful` vs
-# `vllm_faithful` on ANWG at HIGH_PRESSURE, Azure vs BurstGPT, with Azure vs Bailian as a stable
-# control. On a real engine, λ_ref is re-found per window (FIFO's 0.5% violation knee on that
-# engine), each window is compressed to 1.5 × λ_ref and replayed in real time under both policies.
-# This chapter re-analyses whatever real-engine results are committed in `data/results/realengine/`
-# (no engine is needed to build the book) and sets them beside the simulator's prediction for the
-# same windows and the original study's GPU result. The same reversal classifier as RQ2 is applied.
+# **Question.** Does the study's largest simulated reversal — `slai_faithful` against `vllm_faithful`
+# on ANWG at HIGH_PRESSURE — also appear when the same windows are replayed on a real serving engine?
+# **Method.** The real-engine results committed in `data/results/realengine/` (λ_ref re-found per
+# window on that engine, windows replayed in real time under both policies) are set beside the
+# simulator's prediction for the same windows and the original study's GPU result, and the RQ2
+# reversal classifier is applied to a case source pair and a control pair.
 
 # %% tags=["parameters"]
-results_path = ""
-engine_model = "lssp"
-n_resamples = 2000
-seed = 0
-output_dir = "book/figures"
+results_path = ""          # simulator campaign table (empty: data/results/campaign_<engine_model>.parquet)
+engine_model = "lssp"      # engine model of the simulator's prediction
+n_resamples = 2000         # bootstrap resamples
+seed = 0                   # seed of every bootstrap
+output_dir = "book/figures"  # where figures are written
+case_sources = ["azure_llm_2024", "burstgpt"]       # the case: the source pair where the reversal is expected
+control_sources = ["azure_llm_2024", "bailian_qwen"]  # the control: a source pair expected to be stable
+margin = 0.10              # practical-margin threshold of the reversal classifier (as in RQ2)
+confidence_level = 0.95    # level of the classifier's per-source bootstrap intervals
 rerun_backend = ""         # "vllm" or "transformers": replay the case now (needs that engine)
-rerun_windows_per_source = 2
+rerun_windows_per_source = 2  # windows per source of such a replay
+
+# %% [markdown]
+# ## Method in detail
+#
+# The study's pre-registered case is `slai_faithful` vs `vllm_faithful` on ANWG at HIGH_PRESSURE,
+# Azure vs BurstGPT, with Azure vs Bailian as a stable control; this build's case and control pairs
+# are the `case_sources` and `control_sources` parameters. On a real engine, λ_ref is re-found per
+# window (FIFO's 0.5% violation knee on that engine), and each window is compressed to 1.5 × λ_ref and
+# replayed in real time under both policies. No engine is needed to build the book: this chapter
+# re-analyses whatever runs are committed.
 
 # %%
+import json
 from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+from IPython.display import Markdown, display
 from myst_nb import glue
 
 from portbench import stats
+from portbench.book import pair_label, source_label
 from portbench.campaign import load_results
 from portbench.realengine import study
 from portbench.realengine.study import CASE_POLICIES, CASE_REGION, realengine_dir, run_case
@@ -46,14 +62,41 @@ if rerun_backend:
     run_case(rerun_backend, n_per_source=int(rerun_windows_per_source), tag=f"{rerun_backend}_rerun")
 sim_table = pd.read_parquet(results_path) if results_path else load_results(engine_model)
 run_files = sorted(realengine_dir().glob("*_runs.parquet"))
+policy_a, policy_b = CASE_POLICIES
+glue("rq6_engine", engine_model, display=False)
+glue("rq6_case_pair", pair_label(*case_sources), display=False)
+glue("rq6_control_pair", pair_label(*control_sources), display=False)
+glue("rq6_region", CASE_REGION, display=False)
+glue("rq6_policies", f"{policy_a} − {policy_b}", display=False)
 print("real-engine results:", [f.name for f in run_files] or "none yet")
 
 # %% [markdown]
-# The committed vLLM run (`vllm_cpu_case`) used vLLM's CPU build with a 2-layer, 128-wide random-weight
-# Llama on this project's 2-core development machine, with 10 windows per source, λ_ref from a 3-step
-# bisection bracketed around the simulator's λ_ref × the engine's measured speed ratio. Other jobs
-# shared the machine during parts of the run, so its timings carry that noise; its provenance is in
-# `data/results/realengine/vllm_cpu_case.json`.
+# ## The committed real-engine runs
+#
+# Each run's provenance, read from its JSON file beside the results:
+
+# %%
+def provenance(tag: str) -> str:
+    path = realengine_dir() / f"{tag}.json"
+    if not path.exists():
+        return f"- **{tag}**: no provenance file"
+    meta = json.loads(path.read_text())
+    env, case = meta.get("environment", {}), meta.get("case", {})
+    shape = env.get("model_shape", {})
+    model = (f"a random-weight {shape.get('n_layers')}-layer, {shape.get('hidden_size')}-wide Llama "
+             f"({shape.get('dtype')})" if shape else "model not recorded")
+    return (f"- **{tag}**: {env.get('engine', meta.get('backend', '?'))} {env.get('engine_version', '')} "
+            f"on {env.get('device', '?')}, {model}; {case.get('n_per_source', '?')} windows per source "
+            f"({', '.join(source_label(s) for s in case.get('sources', []))}) at {case.get('region', '?')}; "
+            f"λ_ref from a {case.get('bisection_steps', '?')}-step bisection; run {env.get('date', '?')[:10]}.")
+
+
+display(Markdown("\n".join(provenance(f.name.removesuffix("_runs.parquet")) for f in run_files)
+                 or "No real-engine results yet."))
+
+# %% [markdown]
+# Other jobs shared the 2-core development machine during parts of the `vllm_cpu_case` run, so its
+# timings carry that noise.
 #
 # The original study's reported GPU result (vLLM 0.27.1, Qwen2.5-0.5B, one A100; mean SLAI − vLLM
 # ANWG per source over 40 windows) — typed from the study, for comparison only:
@@ -63,6 +106,9 @@ original = pd.DataFrame({"source": ["azure_llm_2024", "burstgpt", "bailian_qwen"
                          "delta_slai_minus_vllm": [-0.024, -0.200, -0.026],
                          "engine": "original: vLLM 0.27.1 on A100"})
 original
+
+# %% [markdown]
+# ## Mean difference per source: real engine, simulator, original study
 
 # %%
 def case_deltas(runs: pd.DataFrame, label: str) -> pd.DataFrame:
@@ -79,20 +125,18 @@ for f in run_files:
     frames.append(case_deltas(same, f"simulator ({engine_model}) on the windows of {tag}"))
 all_sim = sim_table[(sim_table["region"] == CASE_REGION) & (sim_table["policy"].isin(CASE_POLICIES))
                     & (sim_table["slo_multiplier"] == 20.0)]
-frames.append(case_deltas(all_sim, f"simulator ({engine_model}), all 40 windows"))
+frames.append(case_deltas(all_sim, f"simulator ({engine_model}), all windows"))
 deltas = pd.concat(frames + [original], ignore_index=True)
 for _, r in deltas.iterrows():
     label = r["engine"].split(" ")[0] if r["engine"].startswith("simulator") else r["engine"]
-    if r["engine"].startswith("simulator") and "all 40" not in r["engine"]:
+    if r["engine"].startswith("simulator") and "all windows" not in r["engine"]:
         continue
     key = "sim" if label == "simulator" else ("original" if label.startswith("original") else label)
     glue(f"rq6_{key}_{r['source']}", float(r["delta_slai_minus_vllm"]), display=False)
-deltas.round(3)
 
-# %%
 fig, ax = plt.subplots(figsize=(8, 4))
 labels = list(dict.fromkeys(deltas["engine"]))
-sources = ["azure_llm_2024", "bailian_qwen", "burstgpt"]
+sources = sorted(set(deltas["source"]))
 width = 0.8 / max(1, len(labels))
 for k, label in enumerate(labels):
     d = deltas[deltas["engine"] == label].set_index("source").reindex(sources)
@@ -102,17 +146,22 @@ for k, label in enumerate(labels):
         err = [d["delta_slai_minus_vllm"] - d["ci_low"], d["ci_high"] - d["delta_slai_minus_vllm"]]
     ax.bar(x, d["delta_slai_minus_vllm"], width, yerr=err, capsize=2, label=label)
 ax.axhline(0, color="k", lw=0.6)
-ax.set_xticks(range(len(sources)), sources)
-ax.set_ylabel("mean ANWG, SLAI − vLLM (95% CI)")
+ax.set_xticks(range(len(sources)), [source_label(s) for s in sources])
+ax.set_ylabel(f"mean ANWG, {policy_a} − {policy_b} (95% CI)", fontsize=8)
+ax.set_title(f"{CASE_REGION}: real engine, simulator ({engine_model}) and the original study", fontsize=10)
 ax.legend(fontsize=7, loc="best")
 fig.tight_layout()
 fig.savefig(Path(output_dir) / "rq6_case.png", dpi=120)
+
+# %% tags=["hide-output"]
+deltas.round(3)
 
 # %% [markdown]
 # ## The reversal classifier on each engine
 #
 # The RQ2 classifier applied to the two case policies (a supported reversal needs a sign change with
-# a margin above 10% in both sources and both per-source CIs excluding 0):
+# a margin above `margin` in both sources and both per-source CIs excluding 0), on the case pair and
+# the control pair:
 
 # %%
 verdicts = []
@@ -124,28 +173,76 @@ for f in run_files:
     if len(present) < 2:
         continue
     rev = stats.reversals(runs, "anwg", CASE_REGION, sources=present, policies=CASE_POLICIES,
-                          n_resamples=n_resamples, seed=seed)
+                          n_resamples=n_resamples, seed=seed, margin=margin,
+                          confidence_level=confidence_level)
     verdicts.append(rev.assign(engine=f.name.removesuffix("_runs.parquet")))
 sim_rev = stats.reversals(sim_table, "anwg", CASE_REGION, policies=CASE_POLICIES, n_resamples=n_resamples,
-                          seed=seed)
+                          seed=seed, margin=margin, confidence_level=confidence_level)
 verdicts.append(sim_rev.assign(engine=f"simulator ({engine_model})"))
 verdict = pd.concat(verdicts, ignore_index=True)
 glue("rq6_n_real_engines", len(run_files), display=False)
 
-from IPython.display import Markdown, display
+
+def pick(g: pd.DataFrame, pair) -> pd.DataFrame:
+    """The classifier's row for a source pair, in either order (Δ of the first source first)."""
+    a, b = pair
+    fwd = g[(g["source_x"] == a) & (g["source_y"] == b)]
+    if len(fwd):
+        return fwd.assign(first=a, second=b, d_first=fwd["delta_x"], d_second=fwd["delta_y"])
+    rev_ = g[(g["source_x"] == b) & (g["source_y"] == a)]
+    return rev_.assign(first=a, second=b, d_first=rev_["delta_y"], d_second=rev_["delta_x"])
+
 
 lines = []
 for engine, g in verdict.groupby("engine", sort=False):
-    case = g[(g["source_x"] == "azure_llm_2024") & (g["source_y"] == "burstgpt")]
-    control = g[(g["source_x"] == "azure_llm_2024") & (g["source_y"] == "bailian_qwen")]
+    case, control = pick(g, case_sources), pick(g, control_sources)
     if case.empty:
         continue
     c = case.iloc[0]
-    sentence = (f"**{engine}**: SLAI − vLLM ANWG is {c['delta_x']:+.3f} on Azure and {c['delta_y']:+.3f} on "
-                f"BurstGPT; the classifier calls the case **{c['cls']}**")
+    sentence = (f"**{engine}**: {policy_a} − {policy_b} ANWG is {c['d_first']:+.3f} on "
+                f"{source_label(c['first'])} and {c['d_second']:+.3f} on {source_label(c['second'])}; "
+                f"the classifier calls the case ({pair_label(*case_sources)}) **{c['cls']}**")
     if not control.empty:
-        sentence += f", the Azure–Bailian control **{control.iloc[0]['cls']}**"
+        sentence += f", the control ({pair_label(*control_sources)}) **{control.iloc[0]['cls']}**"
     lines.append("- " + sentence + ".")
 display(Markdown("\n".join(lines) or "No real-engine results yet."))
+
+# %% tags=["hide-output"]
 verdict[["engine", "source_x", "source_y", "delta_x", "delta_y", "ci_low_x", "ci_high_x", "ci_low_y",
          "ci_high_y", "cls"]].round(3)
+
+# %%
+real = [f.name.removesuffix("_runs.parquet") for f in run_files]
+first_real = real[0] if real else None
+summary = {f"{who}_{what}_class": "n/a" for who in ("real", "sim") for what in ("case", "control")}
+summary.update({f"{who}_case_delta_{end}": float("nan") for who in ("real", "sim") for end in ("first", "second")})
+for engine, g in verdict.groupby("engine", sort=False):
+    who = "sim" if engine.startswith("simulator") else ("real" if engine == first_real else None)
+    if who is None:
+        continue
+    case, control = pick(g, case_sources), pick(g, control_sources)
+    if len(case):
+        summary[f"{who}_case_class"] = str(case.iloc[0]["cls"])
+        summary[f"{who}_case_delta_first"] = float(case.iloc[0]["d_first"])
+        summary[f"{who}_case_delta_second"] = float(case.iloc[0]["d_second"])
+    if len(control):
+        summary[f"{who}_control_class"] = str(control.iloc[0]["cls"])
+for k, v in summary.items():
+    glue(f"rq6_{k}", v, display=False)
+glue("rq6_first_real", first_real or "none", display=False)
+glue("rq6_case_first", source_label(case_sources[0]), display=False)
+glue("rq6_case_second", source_label(case_sources[1]), display=False)
+
+# %% [markdown]
+# :::{admonition} Finding
+# :class: tip pb-finding
+# On the real engine ({glue:text}`rq6_first_real`), {glue:text}`rq6_policies` ANWG at
+# {glue:text}`rq6_region` is {glue:text}`rq6_real_case_delta_first:+.3f` on
+# {glue:text}`rq6_case_first` and {glue:text}`rq6_real_case_delta_second:+.3f` on
+# {glue:text}`rq6_case_second`, where the simulator (engine model {glue:text}`rq6_engine`, all windows)
+# has {glue:text}`rq6_sim_case_delta_first:+.3f` and {glue:text}`rq6_sim_case_delta_second:+.3f`. The
+# reversal classifier calls the case ({glue:text}`rq6_case_pair`)
+# **{glue:text}`rq6_real_case_class`** on the real engine and **{glue:text}`rq6_sim_case_class`** in
+# the simulator, and the control ({glue:text}`rq6_control_pair`)
+# **{glue:text}`rq6_real_control_class`** and **{glue:text}`rq6_sim_control_class`**.
+# :::

@@ -11,17 +11,19 @@
 # %% [markdown]
 # # Workload characterisation
 #
-# The three sources of the study's 120 frozen windows, side by side: how long a window lasts, how
-# bursty it is, how long its prompts and responses are, and — the question the rest of the book leans
-# on — **what sets each window's λ_ref**: queueing for capacity, or one request's own slack-to-length
-# ratio.
+# **Question.** How do the traffic sources behind the study's frozen windows differ — in duration,
+# burstiness and prompt and response lengths — and what sets each window's reference load λ_ref:
+# queueing for capacity, or one request's own slack-to-length ratio? **Method.** Per-window
+# descriptors from the window store, the campaign's λ_ref beside the study's, and, for every window,
+# the first deadline FIFO misses just above the study's λ_ref, classified by whether that request ever
+# waited.
 
 # %% tags=["parameters"]
-results_path = ""          # campaign table (unused here; every notebook takes the same parameters)
-engine_model = "lssp"
-n_resamples = 2000
-seed = 0
-output_dir = "book/figures"
+results_path = ""          # campaign table whose λ_ref is compared (empty: the engine model's campaign)
+engine_model = "lssp"      # engine model whose campaign's λ_ref is compared with the study's
+n_resamples = 2000         # bootstrap resamples (unused here: no interval in this chapter)
+seed = 0                   # seed (unused here)
+output_dir = "book/figures"  # where figures are written
 
 # %%
 from pathlib import Path
@@ -32,10 +34,21 @@ import pandas as pd
 from myst_nb import glue
 
 from portbench import characterise, store
+from portbench.book import source_label
+from portbench.campaign import load_results
 
 Path(output_dir).mkdir(parents=True, exist_ok=True)
 windows = store.load_windows()
+sources = sorted({w.source for w in windows})
 desc = characterise.window_descriptors(windows)
+glue("wl_n_windows", len(windows), display=False)
+glue("wl_n_sources", len(sources), display=False)
+glue("wl_engine", engine_model, display=False)
+per_source_windows = desc.groupby("source")["window_id"].count()
+glue("wl_sources_desc", "; ".join(f"{source_label(s)} ({s}, {n} windows)" for s, n in per_source_windows.items()),
+     display=False)
+sizes = sorted(set(desc["n_requests"]))
+glue("wl_requests_per_window", f"{sizes[0]}" if len(sizes) == 1 else f"{sizes[0]}–{sizes[-1]}", display=False)
 summary = desc.groupby("source").agg(
     windows=("window_id", "count"), duration_s=("duration_s", "median"), rate_rps=("rate_rps", "median"),
     gap_cv=("gap_cv", "median"), input_mean=("input_mean", "mean"), input_max=("input_max", "max"),
@@ -44,38 +57,24 @@ summary = desc.groupby("source").agg(
 summary.round(2)
 
 # %% [markdown]
-# The study's λ_ref beside portbench's (bisection on FIFO's 0.5% violation knee, written by the
-# campaign to `data/results/lambda_ref_<engine>.csv`):
-
-# %%
-from portbench.campaign import results_dir
-
-lam = pd.read_csv(results_dir() / f"lambda_ref_{engine_model}.csv")
-glue("lambda_max_rel_diff", float(lam["relative_difference"].max()), display=False)
-glue("lambda_n_windows", int(len(lam)), display=False)
-print(f"{len(lam)} windows; largest relative difference to the study's λ_ref: "
-      f"{lam['relative_difference'].max():.3g}")
-lam.groupby("source")[["lambda_ref", "paper_lambda_ref", "relative_difference"]].agg(["min", "max"])
-
-# %% [markdown]
 # Medians over windows for duration, rate and inter-arrival CV; means of the per-window token means;
 # the largest prompt of any window; how many prompts exceed the 2,560-token per-step budget of the
 # vLLM v0.1.0 policy (the head-of-line hypothesis of the study); the range of the study's λ_ref.
 
 # %%
 fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
-colors = {"azure_llm_2024": "C0", "bailian_qwen": "C1", "burstgpt": "C2"}
+colors = {s: f"C{k}" for k, s in enumerate(sources)}
 tokens = {s: (np.concatenate([w.input_tokens for w in windows if w.source == s]),
               np.concatenate([w.output_tokens for w in windows if w.source == s])) for s in colors}
 for s, (inp, out) in tokens.items():
-    axes[0].hist(np.log10(inp), bins=40, histtype="step", color=colors[s], label=s, density=True)
-    axes[1].hist(np.log10(out), bins=40, histtype="step", color=colors[s], label=s, density=True)
+    axes[0].hist(np.log10(inp), bins=40, histtype="step", color=colors[s], label=source_label(s), density=True)
+    axes[1].hist(np.log10(out), bins=40, histtype="step", color=colors[s], label=source_label(s), density=True)
 axes[0].axvline(np.log10(2560), color="k", ls=":", lw=1)
 axes[0].set_xlabel("log10 prompt tokens (dotted: 2,560)")
 axes[1].set_xlabel("log10 response tokens")
 for s, c in colors.items():
     d = desc[desc.source == s]
-    axes[2].scatter(d["rate_rps"], d["paper_lambda_ref"], color=c, s=14, label=s)
+    axes[2].scatter(d["rate_rps"], d["paper_lambda_ref"], color=c, s=14, label=source_label(s))
 axes[2].set_xscale("log"); axes[2].set_yscale("log")
 axes[2].set_xlabel("window arrival rate (req/s, trace time)"); axes[2].set_ylabel("study's λ_ref")
 axes[0].legend(fontsize=8)
@@ -83,31 +82,82 @@ fig.tight_layout()
 fig.savefig(Path(output_dir) / "workload_tokens.png", dpi=120)
 
 # %% [markdown]
+# ## The campaign's λ_ref beside the study's
+#
+# Each window's λ_ref in the campaign table of this build's engine model (bisection on FIFO's 0.5%
+# violation knee), beside the study's own:
+
+# %%
+table = pd.read_parquet(results_path) if results_path else load_results(engine_model)
+manifest = store.list_windows().set_index("window_id")
+lam = table.groupby("window_id", sort=True).agg(source=("source", "first"), lambda_ref=("lambda_ref", "first"))
+lam["paper_lambda_ref"] = manifest.loc[lam.index, "paper_lambda_ref"]
+lam["relative_difference"] = (lam["lambda_ref"] / lam["paper_lambda_ref"] - 1).abs()
+glue("lambda_max_rel_diff", float(lam["relative_difference"].max()), display=False)
+glue("lambda_n_windows", int(len(lam)), display=False)
+print(f"engine model {engine_model}: {len(lam)} windows; largest relative difference to the study's "
+      f"λ_ref: {lam['relative_difference'].max():.3g}")
+lam.groupby("source")[["lambda_ref", "paper_lambda_ref", "relative_difference"]].agg(["min", "max"])
+
+# %% [markdown]
 # ## What sets λ_ref?
 #
 # Just above λ_ref, FIFO misses exactly one deadline. If that request was admitted the moment it
 # became visible, the miss is *intrinsic*: compressed by λ, its SLO slack (built from its *predicted*
 # output length at 0.4 s per predicted token before compression) is shorter than its own decode time
-# (1 ms per true token) — no scheduler could have met it. Otherwise it waited in the queue.
+# (1 ms per true token) — no scheduler could have met it. Otherwise it waited in the queue. (This
+# classification uses the study's λ_ref and the study's simulator, `lssp`, whatever the engine model
+# of this build.)
 
 # %%
 causes = pd.DataFrame([characterise.knee_cause(w, w.meta["paper_lambda_ref"]) for w in windows])
 causes["source"] = [w.source for w in windows]
-table = causes.groupby(["source", "cause"]).size().unstack(fill_value=0)
-table
+table_causes = causes.groupby(["source", "cause"]).size().unstack(fill_value=0)
+for cause in ("intrinsic", "queueing"):
+    if cause not in table_causes:
+        table_causes[cause] = 0
+table_causes
 
 # %%
-n_intrinsic_burst = int(table.loc["burstgpt"].get("intrinsic", 0))
-glue("burstgpt_intrinsic_knees", n_intrinsic_burst, display=False)
-glue("azure_queueing_knees", int(table.loc["azure_llm_2024"].get("queueing", 0)), display=False)
+per_source = causes.groupby("source").size()
+intrinsic = table_causes["intrinsic"].reindex(sources, fill_value=0)
+queueing = table_causes["queueing"].reindex(sources, fill_value=0)
+glue("burstgpt_intrinsic_knees", int(intrinsic.get("burstgpt", 0)), display=False)
+glue("azure_queueing_knees", int(queueing.get("azure_llm_2024", 0)), display=False)
+most = intrinsic.idxmax()
+glue("wl_intrinsic_source", source_label(most), display=False)
+glue("wl_intrinsic_n", int(intrinsic[most]), display=False)
+glue("wl_intrinsic_of", int(per_source[most]), display=False)
+others = [s for s in sources if s != most]
+glue("wl_queueing_others", "; ".join(f"{source_label(s)} {int(queueing[s])} of {int(per_source[s])}"
+                                     for s in others), display=False)
 ratio = causes[causes.cause == "intrinsic"].eval("slack_s / service_s")
-print(f"BurstGPT: {n_intrinsic_burst}/40 knees are intrinsic — the first miss is a request whose "
-      f"compressed slack is just below its own decode time (slack/service at the knee: "
-      f"median {ratio.median():.3f}).")
+glue("wl_intrinsic_ratio_median", float(ratio.median()) if len(ratio) else float("nan"), display=False)
+fig, ax = plt.subplots(figsize=(6, 2.6))
+ax.barh([source_label(s) for s in sources], queueing.to_numpy(), color="C0", label="queueing knee")
+ax.barh([source_label(s) for s in sources], intrinsic.to_numpy(), left=queueing.to_numpy(), color="C3",
+        label="intrinsic knee (one request's own slack)")
+ax.set_xlabel("windows")
+ax.legend(fontsize=8, loc="lower right")
+ax.set_title("What sets each window's λ_ref")
+fig.tight_layout()
+fig.savefig(Path(output_dir) / "workload_knee_causes.png", dpi=120)
 
 # %% [markdown]
-# So "HIGH_PRESSURE" does not mean the same thing across sources. On Azure and Bailian, λ_ref is a
-# queueing knee: the engine is saturated and requests wait. On BurstGPT (short prompts, many
-# 7-token responses whose prediction can fall below the true length) λ_ref is set by a single request
-# whose prediction undershoots its true length: at 1.5 × λ_ref the engine may still be lightly loaded,
-# while every request with predicted < true output is doomed whatever the policy does.
+# So "HIGH_PRESSURE" does not mean the same thing across sources. Where λ_ref is a queueing knee, the
+# engine is saturated and requests wait. Where it is intrinsic (short prompts, many 7-token responses
+# whose prediction can fall below the true length), λ_ref is set by a single request whose prediction
+# undershoots its true length: at 1.5 × λ_ref the engine may still be lightly loaded, while every
+# request with predicted < true output is doomed whatever the policy does.
+#
+# :::{admonition} Finding
+# :class: tip pb-finding
+# On {glue:text}`wl_intrinsic_source`, {glue:text}`wl_intrinsic_n:d` of {glue:text}`wl_intrinsic_of:d`
+# windows have an *intrinsic* knee: the first deadline FIFO misses just above λ_ref belongs to a
+# request whose compressed slack is just below its own decode time (median slack ÷ service
+# {glue:text}`wl_intrinsic_ratio_median:.3f`), not to queueing. Queueing knees elsewhere:
+# {glue:text}`wl_queueing_others`. The same name for a load level ("HIGH_PRESSURE") therefore means a
+# saturated engine on some sources and a lightly loaded one on others. The campaign's λ_ref (engine
+# model {glue:text}`wl_engine`) differs from the study's by at most
+# {glue:text}`lambda_max_rel_diff:.3g` (relative) over {glue:text}`lambda_n_windows:d` windows.
+# :::

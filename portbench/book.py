@@ -2,10 +2,22 @@
 
 Notebooks live in ``notebooks/`` as jupytext py:percent files with a ``parameters`` cell; executed
 copies go to ``book/executed/`` (what the book renders) and figures to ``book/figures/``.
+
+An executed copy is dressed for reading before the book renders it: every code cell is folded
+(``hide-input``: a toggle shows it), the notebook's own defaults cell and papermill's injected cell
+are removed, and in their place a small table lists the *parameters of this build* — every value the
+notebook ran with, its default when it was changed, and what it means (the comment on its line in the
+parameters cell).
+
+Parameters are checked before anything runs: a name no selected notebook declares, a value of another
+type than the notebook's default (``int``, ``float``, ``str``, ``bool`` or a list of them), or a value
+outside what the parameter accepts (:data:`CHECKS`) is a :class:`ParameterError`.
 """
 
 from __future__ import annotations
 
+import ast
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -29,50 +41,391 @@ COMMON_PARAMETERS = {"results_path": "", "engine_model": "lssp", "n_resamples": 
 #: Small values for CI: few resamples (the campaign table is the same).
 TINY_PARAMETERS = {"n_resamples": 50}
 
+#: Cell tags that already decide how a cell shows; such cells are left as they are.
+_DISPLAY_TAGS = {"remove-cell", "remove-input", "hide-cell", "hide-input"}
+
+
+class ParameterError(ValueError):
+    """A notebook parameter that is unknown, of the wrong type or out of range."""
+
 
 def available_notebooks() -> list[str]:
     return [n for n in NOTEBOOKS if (NOTEBOOKS_DIR / f"{n}.py").exists()]
 
 
+# ---------------------------------------------------------------------------------------------
+# Notebook parameters: declared defaults, checks, command-line values
+
+@dataclasses.dataclass(frozen=True)
+class Parameter:
+    """One assignment of a notebook's ``parameters`` cell."""
+
+    name: str
+    default: object
+    meaning: str = ""      # the comment on the assignment's line
+
+
+def notebook_parameters(name: str) -> dict[str, Parameter]:
+    """The parameters a notebook declares, in order, with their defaults (literals only)."""
+    src = NOTEBOOKS_DIR / f"{name}.py"
+    if not src.exists():
+        raise FileNotFoundError(f"no notebook {src}; notebooks: {', '.join(available_notebooks())}")
+    return _parameters_of(src)
+
+
+def _parameters_of(src: Path) -> dict[str, Parameter]:
+    import jupytext
+
+    nb = jupytext.read(src)
+    for cell in nb.cells:
+        if "parameters" in cell.get("metadata", {}).get("tags", []):
+            lines = cell.source.splitlines()
+            out = {}
+            for node in ast.parse(cell.source).body:
+                if not (isinstance(node, ast.Assign) and len(node.targets) == 1
+                        and isinstance(node.targets[0], ast.Name)):
+                    continue
+                try:
+                    default = ast.literal_eval(node.value)
+                except ValueError:
+                    raise ValueError(f"{src}: the default of {node.targets[0].id} is not a literal") from None
+                tail = lines[node.end_lineno - 1][node.end_col_offset:].strip()
+                meaning = tail[1:].strip() if tail.startswith("#") else ""
+                out[node.targets[0].id] = Parameter(node.targets[0].id, default, meaning)
+            return out
+    raise ValueError(f"{src} has no cell tagged 'parameters'")
+
+
+def _declared_parameters(src: Path) -> set[str]:
+    """Names assigned in the notebook's ``parameters`` cell."""
+    return set(_parameters_of(src))
+
+
+def _type_name(default) -> str:
+    if isinstance(default, bool):
+        return "true or false"
+    if isinstance(default, int):
+        return "an integer"
+    if isinstance(default, float):
+        return "a number"
+    if isinstance(default, str):
+        return "a string"
+    if isinstance(default, (list, tuple)):
+        inner = f" of {_type_name(default[0]).removeprefix('an ').removeprefix('a ')}s" if default else ""
+        return f"a list{inner} (comma-separated)"
+    return type(default).__name__
+
+
+def coerce(value, default, *, what: str = "value"):
+    """``value`` (a command-line string, or a Python value) as the type of ``default``.
+
+    Raises :class:`ParameterError` naming ``what`` when it cannot be read as that type.
+    """
+    def fail():
+        raise ParameterError(f"{what} must be {_type_name(default)} (its default is {default!r}), "
+                             f"got {value!r}")
+
+    if isinstance(default, bool):
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in ("true", "false", "yes", "no", "1", "0"):
+            return value.strip().lower() in ("true", "yes", "1")
+        fail()
+    if isinstance(default, int):
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, str):
+            try:
+                return int(value.strip().replace("_", ""))
+            except ValueError:
+                fail()
+        fail()
+    if isinstance(default, float):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                fail()
+        fail()
+    if isinstance(default, str):
+        if isinstance(value, str):
+            return value
+        fail()
+    if isinstance(default, (list, tuple)):
+        items = value
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                try:
+                    items = ast.literal_eval(text)
+                except (ValueError, SyntaxError):
+                    fail()
+            else:
+                items = [v.strip() for v in text.split(",") if v.strip()]
+        if not isinstance(items, (list, tuple)):
+            fail()
+        if default:
+            try:
+                items = [coerce(v, default[0], what=what) for v in items]
+            except ParameterError:
+                fail()
+        return list(items)
+    return value
+
+
+def _in_range(lo, hi):
+    return lambda v: None if lo < v < hi else f"must lie strictly between {lo} and {hi}"
+
+
+def _check_metric(v):
+    from .metrics import METRICS
+    return None if v in METRICS else f"unknown metric {v!r}; metrics: {', '.join(METRICS)}"
+
+
+def _check_engine(v):
+    from .campaign import ENGINE_MODELS
+    return None if v in ENGINE_MODELS else f"unknown engine model {v!r}; known: {', '.join(ENGINE_MODELS)}"
+
+
+def _check_region(v):
+    from .regions import REGIONS
+    return None if v in REGIONS else f"unknown region {v!r}; regions: {', '.join(REGIONS)}"
+
+
+def _check_panel(v):
+    try:
+        resolve_panel(v)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def _check_source_pair(v):
+    from . import store
+    if len(v) != 2 or v[0] == v[1]:
+        return f"must name two different sources, got {v!r}"
+    known = sorted(set(store.list_windows()["source"]))
+    unknown = [s for s in v if s not in known]
+    return f"unknown source(s) {unknown}; sources: {', '.join(known)}" if unknown else None
+
+
+#: Checks of a parameter's value beyond its type, by parameter name (a message, or None when fine).
+CHECKS = {
+    "metric": _check_metric,
+    "engine_model": _check_engine,
+    "calibrated_engine_model": _check_engine,
+    "posthoc_region": _check_region,
+    "panel": _check_panel,
+    "case_sources": _check_source_pair,
+    "control_sources": _check_source_pair,
+    "confidence_level": _in_range(0.0, 1.0),
+    "fdr_q": _in_range(0.0, 1.0),
+    "recovery_threshold": _in_range(0.0, 1.0),
+    "margin": lambda v: None if v >= 0 else "must be ≥ 0",
+    "n_resamples": lambda v: None if v >= 1 else "must be ≥ 1",
+    "n_draws": lambda v: None if v >= 1 else "must be ≥ 1",
+    "sizes": lambda v: None if v and min(v) >= 1 else "must be positive window counts",
+}
+
+
+def check_parameters(name: str, parameters: dict) -> dict:
+    """``parameters`` for notebook ``name``, each read as the type of its default and checked.
+
+    Raises :class:`ParameterError` for a name the notebook does not declare or a bad value.
+    """
+    declared = notebook_parameters(name)
+    unknown = sorted(set(parameters) - set(declared))
+    if unknown:
+        raise ParameterError(f"notebook {name}: unknown parameter(s) {unknown}; it takes "
+                             f"{sorted(declared)}")
+    out = {}
+    for key, value in parameters.items():
+        what = f"notebook {name}: parameter {key}"
+        value = coerce(value, declared[key].default, what=what)
+        check = CHECKS.get(key)
+        problem = check(value) if check else None
+        if problem:
+            raise ParameterError(f"{what}: {problem}")
+        out[key] = value
+    return out
+
+
+def parse_assignments(items) -> dict[str, str]:
+    """``["NAME=VALUE", ...]`` (the command line's ``-p``) as a dict of strings."""
+    out = {}
+    for item in items or ():
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip().isidentifier():
+            raise ParameterError(f"-p wants NAME=VALUE, got {item!r}")
+        out[name.strip()] = value
+    return out
+
+
+def plan_parameters(parameters: dict | None, notebooks=None) -> dict[str, dict]:
+    """Per notebook, the parameters it will get: each one goes to every selected notebook that
+    declares it. Checks everything first: an unknown notebook, a name that no selected notebook
+    declares, or a bad value raises :class:`ParameterError` before anything runs."""
+    names = list(notebooks or available_notebooks())
+    unknown_nb = [n for n in names if n not in available_notebooks()]
+    if unknown_nb:
+        raise ParameterError(f"unknown notebook(s) {unknown_nb}; notebooks: {', '.join(available_notebooks())}")
+    parameters = dict(parameters or {})
+    declared = {n: notebook_parameters(n) for n in names}
+    orphans = sorted(k for k in parameters if not any(k in d for d in declared.values()))
+    if orphans:
+        takes = "; ".join(f"{n}: {', '.join(sorted(set(d) - set(COMMON_PARAMETERS))) or '—'}"
+                          for n, d in declared.items())
+        raise ParameterError(f"unknown parameter(s) {orphans} for notebook(s) {', '.join(names)}. "
+                             f"Every notebook takes {', '.join(COMMON_PARAMETERS)}; besides, {takes}")
+    return {n: check_parameters(n, {k: v for k, v in parameters.items() if k in declared[n]})
+            for n in names}
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers the notebooks use for labels and panels
+
+#: Readable names of the study's sources (any other source is named by its id).
+SOURCE_LABELS = {"azure_llm_2024": "Azure", "bailian_qwen": "Bailian", "burstgpt": "BurstGPT"}
+
+
+def source_label(source: str) -> str:
+    return SOURCE_LABELS.get(source, source)
+
+
+def pair_label(a: str, b: str) -> str:
+    return f"{source_label(a)}–{source_label(b)}"
+
+
+def resolve_panel(spec) -> tuple:
+    """The policies of a panel: ``"primary"`` (the study's 11), ``"study"`` (its 13), or policy ids
+    (a list or a comma-separated string; at least three, to rank)."""
+    from .policies import PRIMARY_PANEL, STUDY_POLICIES, available
+    if isinstance(spec, str) and spec.strip() in ("primary", "study"):
+        return PRIMARY_PANEL if spec.strip() == "primary" else STUDY_POLICIES
+    ids = [p.strip() for p in spec.split(",")] if isinstance(spec, str) else list(spec)
+    ids = [p for p in ids if p]
+    unknown = [p for p in ids if p not in available()]
+    if unknown:
+        raise ValueError(f"unknown policy id(s) {unknown}; a panel is 'primary', 'study' or policy "
+                         f"ids among {', '.join(available())}")
+    if len(set(ids)) < 3:
+        raise ValueError(f"a panel needs at least three different policies, got {ids}")
+    return tuple(dict.fromkeys(ids))
+
+
+def engine_description(name: str) -> str:
+    """First sentence of the engine model's docstring."""
+    from .campaign import ENGINE_MODELS
+    doc = (ENGINE_MODELS[name].__doc__ or "").strip().replace("\n", " ")
+    return " ".join(doc.split(". ")[0].split()).rstrip(".") if doc else name
+
+
+# ---------------------------------------------------------------------------------------------
+# Executing and dressing a notebook
+
 def execute_notebook(name: str, parameters: dict | None = None, out_dir: Path = EXECUTED_DIR) -> Path:
     """Run one notebook with papermill; the executed copy replaces the old one only on success."""
     import jupytext
+    import nbformat
     import papermill
 
     src = NOTEBOOKS_DIR / f"{name}.py"
     if not src.exists():
         raise FileNotFoundError(f"no notebook {src}; notebooks: {', '.join(available_notebooks())}")
-    params = {**COMMON_PARAMETERS, **(parameters or {})}
-    accepted = set(COMMON_PARAMETERS) | _declared_parameters(src)
-    unknown = set(params) - accepted
-    if unknown:
-        raise ValueError(f"notebook {name}: unknown parameter(s) {sorted(unknown)}; it takes {sorted(accepted)}")
+    params = check_parameters(name, {**COMMON_PARAMETERS, **(parameters or {})})
+    out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (REPO / params["output_dir"]).mkdir(parents=True, exist_ok=True)
     tmp = out_dir / f".{name}.tmp.ipynb"
     try:
         papermill.execute_notebook(jupytext.read(src), str(tmp), parameters=params, kernel_name="python3",
                                    cwd=str(REPO), progress_bar=False)
+        nb = nbformat.read(tmp, as_version=4)
+        dress_for_reading(nb, notebook_parameters(name), params, name)
+        nbformat.write(nb, tmp)
         tmp.replace(out_dir / f"{name}.ipynb")
     finally:
         tmp.unlink(missing_ok=True)
     return out_dir / f"{name}.ipynb"
 
 
-def _declared_parameters(src: Path) -> set[str]:
-    """Names assigned in the notebook's ``parameters`` cell."""
-    import ast
+def _md_value(value) -> str:
+    if isinstance(value, (list, tuple)):
+        return ", ".join(_md_value(v) for v in value) or "(none)"
+    text = "(empty)" if value == "" else str(value)
+    return "`" + text.replace("`", "'") + "`"
 
-    import jupytext
 
-    nb = jupytext.read(src)
+def _differs(value, default) -> bool:
+    if isinstance(default, (list, tuple)) and isinstance(value, (list, tuple)):
+        return list(value) != list(default)
+    return value != default
+
+
+#: Parameters that do not change a chapter's content (left out of "changed from the defaults").
+_PLACEMENT_ONLY = {"output_dir"}
+
+
+def parameters_markdown(name: str, declared: dict[str, Parameter], values: dict) -> str:
+    """The "parameters of this build" box: every declared parameter with the value it ran with,
+    the notebook's default beside any value that differs from it, and the parameter's meaning."""
+    rows, changed = [], []
+    for key, p in declared.items():
+        value = values.get(key, p.default)
+        shown = _md_value(value)
+        if _differs(value, p.default):
+            shown += f" (notebook default {_md_value(p.default)})"
+            if key not in _PLACEMENT_ONLY:
+                changed.append(key)
+        rows.append(f"| `{key}` | {shown} | {p.meaning.replace('|', '/')} |")
+    title = "Parameters of this build"
+    if changed:
+        title += " — changed from the notebook's defaults: " + ", ".join(changed)
+    return "\n".join([
+        f":::{{admonition}} {title}",
+        ":class: dropdown toggle-shown pb-parameters",
+        "",
+        "| parameter | value | meaning |",
+        "|---|---|---|",
+        *rows,
+        "",
+        f"Rebuild this chapter with other values: `portbench book --skip-campaign --notebooks {name} "
+        f"-p NAME=VALUE` (see {{doc}}`/reproduce`).",
+        ":::",
+    ])
+
+
+def dress_for_reading(nb, declared: dict[str, Parameter], values: dict, name: str) -> None:
+    """Fold code, drop the two parameters cells, and show one table of this build's parameters."""
+    import nbformat
+
+    cells = []
     for cell in nb.cells:
-        if "parameters" in cell.get("metadata", {}).get("tags", []):
-            tree = ast.parse(cell.source)
-            return {t.id for node in tree.body if isinstance(node, ast.Assign)
-                    for t in node.targets if isinstance(t, ast.Name)}
-    raise ValueError(f"{src} has no cell tagged 'parameters'")
+        tags = list(cell.get("metadata", {}).get("tags", []))
+        if "parameters" in tags or "injected-parameters" in tags:
+            if "injected-parameters" in tags:
+                box = nbformat.v4.new_markdown_cell(parameters_markdown(name, declared, values))
+                box.metadata["tags"] = ["build-parameters"]
+                cells.append(box)
+            cell.metadata["tags"] = tags + ["remove-cell"]
+        elif cell.cell_type == "code" and not _DISPLAY_TAGS & set(tags):
+            cell.metadata["tags"] = tags + ["hide-input"]
+        cells.append(cell)
+    nb.cells = cells
+    nb.metadata["portbench"] = {"notebook": name, "parameters": {k: values.get(k, p.default)
+                                                                  for k, p in declared.items()}}
 
+
+def executed_parameters(path: Path) -> dict:
+    """The parameters an executed notebook ran with (empty for one not executed by this module)."""
+    import nbformat
+    return dict(nbformat.read(path, as_version=4).metadata.get("portbench", {}).get("parameters", {}))
+
+
+# ---------------------------------------------------------------------------------------------
+# The HTML book
 
 def build_html(strict: bool = False, book_dir: Path = BOOK_DIR, quiet: bool = False) -> Path:
     """``jupyter-book build``; with ``strict`` every Sphinx warning is an error."""
@@ -89,28 +442,48 @@ def build_html(strict: bool = False, book_dir: Path = BOOK_DIR, quiet: bool = Fa
         cmd += ["-W", "-n", "--keep-going"]
     if quiet:
         cmd += ["-q"]
+    # Pages paste numbers from other pages' notebooks, which Sphinx does not track: read them all.
     shutil.rmtree(book_dir / "_build" / ".doctrees", ignore_errors=True)
+    # Figures are rewritten by every run: stale copies would make Sphinx warn that it overwrites them.
+    shutil.rmtree(book_dir / "_build" / "html" / "_images", ignore_errors=True)
     subprocess.run(cmd, check=True, cwd=REPO)
     return book_dir / "_build" / "html" / "index.html"
+
+
+def mixed_engine_models(book_dir: Path = BOOK_DIR) -> dict[str, list[str]]:
+    """Engine models of the executed notebooks, when they are not all the same (else empty)."""
+    by_engine: dict[str, list[str]] = {}
+    for n in available_notebooks():
+        path = Path(book_dir) / "executed" / f"{n}.ipynb"
+        if path.exists():
+            engine = executed_parameters(path).get("engine_model", "?")
+            by_engine.setdefault(engine, []).append(n)
+    return by_engine if len(by_engine) > 1 else {}
 
 
 def build_book(parameters: dict | None = None, notebooks=None, strict: bool = False,
                progress: bool = True, book_dir: Path = BOOK_DIR) -> Path:
     """Execute the notebooks, then build the HTML; returns the path of the book's index page.
 
+    Each parameter goes to every notebook that declares it; all are checked before anything runs.
     ``book_dir`` other than ``book/`` gets a copy of the book's pages first (tests build there).
     """
     book_dir = Path(book_dir)
+    names = list(notebooks or available_notebooks())
+    plan = plan_parameters({"output_dir": os.path.relpath(book_dir / "figures", REPO), **(parameters or {})},
+                           names)
     if book_dir.resolve() != BOOK_DIR.resolve():
         shutil.copytree(BOOK_DIR, book_dir, dirs_exist_ok=True,
                         ignore=shutil.ignore_patterns("_build", "executed", "figures"))
-    parameters = {"output_dir": os.path.relpath(book_dir / "figures", REPO), **(parameters or {})}
-    names = list(notebooks or available_notebooks())
     for k, name in enumerate(names, 1):
         t0 = time.perf_counter()
         if progress:
             print(f"[{k}/{len(names)}] executing notebooks/{name}.py ...", flush=True)
-        execute_notebook(name, parameters, out_dir=book_dir / "executed")
+        execute_notebook(name, plan[name], out_dir=book_dir / "executed")
         if progress:
             print(f"      done in {time.perf_counter() - t0:.1f} s", flush=True)
+    mixed = mixed_engine_models(book_dir)
+    if mixed:
+        print("note: the book's chapters were executed with different engine models: "
+              + "; ".join(f"{e}: {', '.join(ns)}" for e, ns in mixed.items()), file=sys.stderr)
     return build_html(strict, book_dir=book_dir, quiet=not progress)

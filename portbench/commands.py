@@ -72,24 +72,41 @@ def _policies(args) -> int:
 
 
 def _book(args) -> int:
+    import sys
+    import time
+    from pathlib import Path
+
     from . import book
     from .campaign import CampaignConfig, results_are_current, run_campaign
 
+    # Every parameter is checked against the notebooks' parameters cells before anything runs.
+    try:
+        params = book.parse_assignments(args.param)
+        if args.engine_model and params.get("engine_model", args.engine_model) != args.engine_model:
+            raise book.ParameterError(f"--engine-model {args.engine_model} and -p engine_model="
+                                      f"{params['engine_model']} disagree")
+        params.setdefault("engine_model", args.engine_model or "lssp")
+        if args.tiny:
+            params = {**book.TINY_PARAMETERS, **params}
+        if args.n_resamples:
+            params["n_resamples"] = str(args.n_resamples)
+        plan = book.plan_parameters(params, args.notebooks)
+    except (book.ParameterError, FileNotFoundError) as exc:
+        print(f"portbench book: {exc}", file=sys.stderr)
+        return 2
+    engine = plan[next(iter(plan))]["engine_model"]
     if not args.skip_campaign:
-        config = CampaignConfig(engine_model=args.engine_model)
+        config = CampaignConfig(engine_model=engine)
         if results_are_current(config, args.data_dir):
             print("campaign results are up to date: reusing them")
         else:
             print("running the campaign (cached windows are reused) ...")
             print(run_campaign(config, data_dir=args.data_dir, progress=not args.quiet).line())
-    params = {"engine_model": args.engine_model}
-    if args.tiny:
-        params.update(book.TINY_PARAMETERS)
-    if args.n_resamples:
-        params["n_resamples"] = args.n_resamples
+    t0 = time.perf_counter()
     index = book.build_book(params, notebooks=args.notebooks, strict=args.strict,
-                            progress=not args.quiet)
-    print(f"\nThe book is at {index}")
+                            progress=not args.quiet,
+                            book_dir=Path(args.book_dir) if args.book_dir else book.BOOK_DIR)
+    print(f"\nThe book is at {index} (notebooks and HTML in {time.perf_counter() - t0:.1f} s)")
     return 0
 
 
@@ -148,13 +165,22 @@ def register(sub) -> None:
         "book", help="campaign (if needed) -> every notebook with papermill -> the HTML book",
         description="Run the campaign unless its results are up to date, execute every notebook in "
                     "notebooks/ with papermill into book/executed/, and build the Jupyter Book into "
-                    "book/_build/html/.")
-    p.add_argument("--engine-model", default="lssp")
+                    "book/_build/html/. -p NAME=VALUE sets a notebook parameter (repeatable); it goes "
+                    "to every selected notebook whose parameters cell declares NAME, read as the type "
+                    "of that default (lists comma-separated). Unknown names and bad values are refused "
+                    "before anything runs.",
+        epilog="example: portbench book --skip-campaign --notebooks rq2_reversals -p margin=0.2 "
+               "-p panel=primary")
+    p.add_argument("-p", "--param", action="append", metavar="NAME=VALUE", default=[],
+                   help="a notebook parameter, e.g. -p margin=0.2 -p confidence_level=0.9")
+    p.add_argument("--engine-model", default=None, help="engine model (the same as -p engine_model=...; "
+                                                        "default lssp)")
     p.add_argument("--tiny", action="store_true", help="few bootstrap resamples (CI)")
     p.add_argument("--n-resamples", type=int, help="bootstrap resamples for every notebook")
     p.add_argument("--notebooks", nargs="+", help="only these notebooks (file stems)")
     p.add_argument("--skip-campaign", action="store_true", help="use the results table as it is")
     p.add_argument("--strict", action="store_true", help="Sphinx warnings are errors")
+    p.add_argument("--book-dir", help="build in this folder (a copy of book/'s pages) instead of book/")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=_book)
 

@@ -1,0 +1,271 @@
+"""The built book in a real browser: headless Chromium driven over the DevTools protocol.
+
+The book is built as a reader would with `portbench book --engine-model vllm_v1` (tiny resamples,
+the committed campaigns, into a temporary folder). On every page: no code input is visible until its
+toggle is opened, every image loads, the maths is typeset by the offline MathJax, and the browser logs
+no error. The introduction must name the engine model it was built with. Screenshots of the
+introduction and two chapters go to book/_build/screenshots/.
+
+Needs Chromium (`make browser` installs it) and `websocket-client` (the `dev` extra); skipped without.
+"""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import json
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from portbench import book
+
+websocket = pytest.importorskip("websocket", reason="websocket-client is not installed (dev extra)")
+
+SCREENSHOTS = book.BOOK_DIR / "_build" / "screenshots"
+ENGINE = "vllm_v1"
+
+
+def _chromium():
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        if shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+pytestmark = pytest.mark.skipif(_chromium() is None, reason="headless Chromium is not installed (make browser)")
+
+
+class Browser:
+    """A headless Chromium and one page, spoken to with the DevTools protocol."""
+
+    def __init__(self):
+        self.profile = tempfile.mkdtemp()
+        self.proc = subprocess.Popen(
+            [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             "--remote-debugging-port=0", "--remote-allow-origins=*", f"--user-data-dir={self.profile}",
+             "--window-size=1280,1400", "about:blank"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        port = self._devtools_port()
+        deadline = time.time() + 30
+        while True:
+            targets = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10))
+            pages = [t for t in targets if t.get("type") == "page"]
+            if pages or time.time() > deadline:
+                break
+            time.sleep(0.2)
+        self.ws = websocket.create_connection(pages[0]["webSocketDebuggerUrl"], timeout=60,
+                                              suppress_origin=True)
+        self.ids = itertools.count(1)
+        self.events: list[dict] = []
+        for domain in ("Page", "Runtime", "Log"):
+            self.call(f"{domain}.enable")
+        self.call("Emulation.setDeviceMetricsOverride", width=1280, height=1400, deviceScaleFactor=1,
+                  mobile=False)
+
+    def _devtools_port(self) -> int:
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            line = self.proc.stderr.readline()
+            m = re.search(r"DevTools listening on ws://[^:]+:(\d+)/", line)
+            if m:
+                return int(m.group(1))
+            if not line and self.proc.poll() is not None:
+                break
+        raise RuntimeError("Chromium did not open its DevTools port")
+
+    def call(self, method: str, **params):
+        msg_id = next(self.ids)
+        self.ws.send(json.dumps({"id": msg_id, "method": method, "params": params}))
+        while True:
+            msg = json.loads(self.ws.recv())
+            if msg.get("id") == msg_id:
+                if "error" in msg:
+                    raise RuntimeError(f"{method}: {msg['error']}")
+                return msg.get("result", {})
+            self.events.append(msg)
+
+    def wait_for(self, event: str, timeout: float = 60):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            for k, e in enumerate(self.events):
+                if e.get("method") == event:
+                    del self.events[: k + 1]
+                    return e
+            self.ws.settimeout(max(0.1, deadline - time.time()))
+            self.events.append(json.loads(self.ws.recv()))
+        raise TimeoutError(event)
+
+    def evaluate(self, expression: str):
+        res = self.call("Runtime.evaluate", expression=expression, awaitPromise=True, returnByValue=True)
+        if "exceptionDetails" in res:
+            raise RuntimeError(f"{expression[:80]}...: {res['exceptionDetails']}")
+        return res["result"].get("value")
+
+    def open(self, url: str) -> list[str]:
+        """Load ``url``; returns the errors the page logged while loading."""
+        self.events.clear()
+        self.call("Page.navigate", url=url)
+        self.wait_for("Page.loadEventFired")
+        # MathJax typesets after the load event: wait for it where it is loaded.
+        self.evaluate("(async () => { if (window.MathJax && MathJax.startup) await MathJax.startup.promise;"
+                      " return true; })()")
+        # Images load lazily below the fold: ask for every one and wait for it.
+        self.evaluate("Promise.all([...document.images].map(i => { i.loading = 'eager';"
+                      " return i.decode().catch(() => null); })).then(() => true)")
+        self.evaluate("new Promise(r => setTimeout(() => r(true), 300))")
+        return self.errors()
+
+    def errors(self) -> list[str]:
+        self.call("Runtime.evaluate", expression="1")        # flush pending events
+        out = []
+        for e in self.events:
+            method, p = e.get("method"), e.get("params", {})
+            if method == "Runtime.consoleAPICalled" and p.get("type") in ("error", "assert"):
+                out.append("console: " + " ".join(str(a.get("value", a.get("description", "")))
+                                                  for a in p.get("args", [])))
+            elif method == "Runtime.exceptionThrown":
+                d = p.get("exceptionDetails", {})
+                out.append("exception: " + str(d.get("exception", {}).get("description", d.get("text"))))
+            elif method == "Log.entryAdded" and p.get("entry", {}).get("level") == "error":
+                entry = p["entry"]
+                out.append(f"log: {entry.get('text')} {entry.get('url', '')}")
+        return out
+
+    def screenshot(self, path: Path, max_height: int = 3200) -> None:
+        """The top of the page, up to ``max_height`` CSS pixels, as a 1280-wide window shows it."""
+        height = min(int(self.evaluate("document.documentElement.scrollHeight")), max_height)
+        self.call("Emulation.setDeviceMetricsOverride", width=1280, height=height, deviceScaleFactor=1,
+                  mobile=False)
+        try:
+            self.evaluate("new Promise(r => setTimeout(() => r(true), 300))")
+            shot = self.call("Page.captureScreenshot", format="png")
+        finally:
+            self.call("Emulation.setDeviceMetricsOverride", width=1280, height=1400, deviceScaleFactor=1,
+                      mobile=False)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(base64.b64decode(shot["data"]))
+
+    def close(self) -> None:
+        try:
+            self.ws.close()
+        finally:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+            shutil.rmtree(self.profile, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def built_book(tmp_path_factory):
+    """The whole book, built by the command line with ``--engine-model vllm_v1``."""
+    from portbench import cli
+    from portbench.campaign import results_path
+
+    if not results_path(ENGINE).exists():
+        pytest.skip(f"no committed {ENGINE} campaign")
+    book_dir = tmp_path_factory.mktemp("browser") / "book"
+    assert cli.main(["book", "--engine-model", ENGINE, "--skip-campaign", "--tiny", "--strict", "--quiet",
+                     "--book-dir", str(book_dir)]) == 0
+    return book_dir / "_build" / "html"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    b = Browser()
+    yield b
+    b.close()
+
+
+def _pages(html: Path) -> list[Path]:
+    return [html / "intro.html", html / "methods.html", html / "reproduce.html", html / "references.html"] + \
+        [html / "executed" / f"{n}.html" for n in book.available_notebooks()]
+
+
+#: What the checks read off a loaded page.
+_PAGE_STATE = """(() => {
+  // closed <details> skip their content's rendering (content-visibility): checkVisibility sees it
+  const visible = el => el.checkVisibility({contentVisibilityAuto: true, opacityProperty: true,
+                                            visibilityProperty: true});
+  const inputs = [...document.querySelectorAll('div.cell div.cell_input')];
+  const maths = [...document.querySelectorAll('span.math, div.math')];
+  return {
+    code_inputs: inputs.length,
+    visible_code_inputs: inputs.filter(visible).length,
+    code_toggles: document.querySelectorAll('details.hide summary').length,
+    images: [...document.images].map(i => ({src: i.getAttribute('src'), w: i.naturalWidth, done: i.complete})),
+    maths: maths.length,
+    typeset: maths.filter(m => m.querySelector('mjx-container')).length,
+    mjx: document.querySelectorAll('mjx-container').length,
+    mathjax_loaded: !!(window.MathJax && MathJax.startup),
+    text: document.querySelector('article') ? document.querySelector('article').innerText : '',
+  };
+})()"""
+
+
+def test_every_page_reads_as_a_paper_in_chromium(built_book, browser):
+    problems = []
+    n_maths = 0
+    for page in _pages(built_book):
+        errors = browser.open(page.resolve().as_uri())
+        state = browser.evaluate(_PAGE_STATE)
+        name = page.relative_to(built_book).as_posix()
+        problems += [f"{name}: {e}" for e in errors]
+        if state["visible_code_inputs"]:
+            problems.append(f"{name}: {state['visible_code_inputs']} code inputs visible by default")
+        if state["code_inputs"] and state["code_toggles"] < state["code_inputs"]:
+            problems.append(f"{name}: {state['code_inputs']} code inputs but {state['code_toggles']} toggles")
+        for img in state["images"]:
+            if not img["done"] or img["w"] == 0:
+                problems.append(f"{name}: image {img['src']} did not load")
+        if state["maths"]:
+            n_maths += state["maths"]
+            if not state["mathjax_loaded"] or state["typeset"] < state["maths"]:
+                problems.append(f"{name}: {state['typeset']} of {state['maths']} formulas typeset "
+                                f"(MathJax loaded: {state['mathjax_loaded']})")
+        if page.parent.name == "executed":
+            if "Parameters of this build" not in state["text"]:
+                problems.append(f"{name}: no parameters box")
+            if "Finding" not in state["text"]:
+                problems.append(f"{name}: no Finding box")
+            if not state["images"]:
+                problems.append(f"{name}: no figure")
+    assert n_maths > 0, "no page has maths: the MathJax check checked nothing"
+    assert not problems, "\n".join(problems)
+
+
+def test_introduction_names_the_engine_model_it_was_built_with(built_book, browser):
+    errors = browser.open((built_book / "intro.html").resolve().as_uri())
+    state = browser.evaluate(_PAGE_STATE)
+    assert not errors
+    assert f"Engine model of this build: {ENGINE}" in state["text"]
+    assert "engine model lssp" not in state["text"].lower()
+    assert any("headline_ranks" in (img["src"] or "") and img["w"] > 0 for img in state["images"])
+    # a code toggle opens: the reader can see the code when they ask for it
+    browser.open((built_book / "executed" / "rq2_reversals.html").resolve().as_uri())
+    shown = browser.evaluate("(() => { const d = document.querySelector('details.hide.above-input');"
+                             " const i = d.querySelector('div.cell_input'); const before = i.checkVisibility();"
+                             " d.open = true; return [before, i.checkVisibility()]; })()")
+    assert shown == [False, True], shown
+
+
+def test_screenshots_of_the_introduction_and_two_chapters(built_book, browser):
+    if SCREENSHOTS.exists():
+        shutil.rmtree(SCREENSHOTS)
+    for page, out in (("intro.html", "intro.png"), ("executed/rq2_reversals.html", "rq2_reversals.png"),
+                      ("executed/rq1_cross_source.html", "rq1_cross_source.png")):
+        browser.open((built_book / page).resolve().as_uri())
+        browser.screenshot(SCREENSHOTS / out)
+        assert (SCREENSHOTS / out).stat().st_size > 10_000
+    (SCREENSHOTS / "README.txt").write_text(
+        f"Screenshots taken by tests/test_book_browser.py of a book built with "
+        f"`portbench book --engine-model {ENGINE} --tiny` on {time.strftime('%Y-%m-%d %H:%M')}.\n")
