@@ -1,0 +1,184 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Add your own scheduler
+#
+# **Question.** Does *your* scheduler's ranking port across sources and regions? **Method.** A new
+# policy written in about twenty lines, checked against the engine's contract with
+# `portbench.testing.check_policy`, run through the study's campaign at the base SLO, and placed in
+# the RQ1 ranking beside the study's eleven. The page is executed with the book, so its code works
+# with the package as it is (open the code toggles to read it).
+
+# %% tags=["parameters"]
+results_path = ""          # campaign table of the study's policies (empty: data/results/campaign_<engine_model>.parquet)
+engine_model = "lssp"      # engine model the new policy is simulated on and compared under
+n_resamples = 2000         # bootstrap resamples of the cross-source τ_b
+seed = 0                   # seed of every bootstrap
+output_dir = "book/figures"  # where figures and the new policy's campaign table are written
+region = "KNEE"            # operating region of the RQ1 comparison with the new policy in the panel
+check_examples = 40        # random windows per engine model that check_policy replays
+
+# %% [markdown]
+# ## The policy
+#
+# A policy is a class with a `name` and a `schedule(view)` method. The view is read-only: the waiting
+# and running request ids, the clock (`now`), each request's arrival, deadline, prompt and *predicted*
+# output length, and how many tokens each has produced (`decoded`). The policy answers with a
+# `Decision`: which waiting requests to admit, in its order. The engine owns every rule — it admits a
+# proposed request only if the engine model's sequence slots, token budget and KV cache allow, and
+# tells the policy at the next call what it refused (`view.refused`).
+#
+# Ours: **shortest predicted remaining first** — the waiting request with the fewest predicted
+# tokens still to produce goes first (a request preempted by the engine has produced some already).
+# It never preempts or holds and decides from the view alone, so it declares `admission_only`: the
+# engine then asks it only at steps where some waiting request could be admitted. A policy whose
+# decision changes with the clock alone (an aging term, a deadline threshold) would also return the
+# time at which to be asked again, `Decision(wake_at_s=...)`.
+
+# %%
+import numpy as np
+
+from portbench.policies import register
+from portbench.sim import Decision, Policy
+
+
+@register
+class ShortestPredictedRemainingFirst(Policy):
+    """Waiting requests by predicted output tokens still to produce, then arrival; each is proposed
+    in that order and the engine admits what fits."""
+
+    name = "shortest_predicted_remaining_first"
+    admission_only = True
+
+    def schedule(self, view):
+        waiting = np.fromiter(view.waiting, dtype=np.int64, count=len(view.waiting))
+        remaining = view.predicted_output_tokens[waiting] - view.decoded[waiting]
+        order = np.lexsort((waiting, view.arrival_s[waiting], remaining))
+        return Decision(admit=waiting[order].tolist())
+
+
+policy_name = ShortestPredictedRemainingFirst.name
+
+# %% [markdown]
+# ## Does it keep the contract?
+#
+# The engine jumps over steps in which nothing can change and asks an `admission_only` policy only
+# when an admission is possible. `check_policy` replays random small windows under both engine
+# models, fast and step by step, and requires the same result request by request; it also checks
+# that the engine honoured every decision and that a second run is identical. A policy that, say,
+# forgets a timer is named with the first request and step where the two runs part.
+
+# %%
+import time
+
+from portbench.testing import check_policy
+
+t = time.perf_counter()
+check_policy(ShortestPredictedRemainingFirst, max_examples=check_examples)
+print(f"check_policy: {check_examples} random windows per engine model passed "
+      f"in {time.perf_counter() - t:.1f} s")
+
+# %% [markdown]
+# ## Through the campaign
+#
+# The same campaign as the study's: each window's λ_ref is FIFO's knee, and the new policy runs in
+# the six operating regions of all 120 windows at the base SLO. From the command line, with the
+# class saved in a module of `portbench/policies/` (found automatically):
+#
+# ```bash
+# portbench campaign --policies shortest_predicted_remaining_first --slo-multipliers 20
+# ```
+
+# %%
+import warnings
+from pathlib import Path
+
+import pandas as pd
+
+warnings.filterwarnings("ignore", message="IProgress not found")   # tqdm in a notebook without widgets
+from portbench.campaign import CampaignConfig, load_results, run_campaign
+from portbench.policies import PRIMARY_PANEL
+
+Path(output_dir).mkdir(parents=True, exist_ok=True)
+study = pd.read_parquet(results_path) if results_path else load_results(engine_model)
+study = study[study["slo_multiplier"] == 20.0]
+out = Path(output_dir) / f"campaign_{engine_model}_{policy_name}.parquet"
+summary = run_campaign(CampaignConfig(engine_model=engine_model, policies=(policy_name,),
+                                      slo_multipliers=(20.0,)), output=out, progress=False)
+print(summary.line())
+ours = summary.table
+# λ_ref is FIFO's knee on each window: the new cells sit at exactly the study's load factors
+lam = study.groupby("window_id")["lambda_ref"].first()
+assert np.array_equal(ours.groupby("window_id")["lambda_ref"].first().loc[lam.index], lam)
+table = pd.concat([study, ours], ignore_index=True)
+
+# %% [markdown]
+# ## Where it ranks, per source and region
+
+# %%
+from myst_nb import glue
+
+from portbench import stats
+from portbench.regions import REGIONS
+
+panel = tuple(PRIMARY_PANEL) + (policy_name,)
+means = stats.condition_means(table, "anwg", policies=panel).means     # policies x (source, region)
+rank = means.rank(axis=0, ascending=False, method="min").astype(int)
+rank_of_ours = rank.loc[policy_name].unstack("region")[[r for r in REGIONS if r in set(table["region"])]]
+rank_of_ours
+
+# %%
+import matplotlib.pyplot as plt
+
+fig, ax = plt.subplots(figsize=(7, 2.4))
+im = ax.imshow(rank_of_ours.to_numpy(), cmap="viridis_r", vmin=1, vmax=len(panel))
+ax.set_xticks(range(rank_of_ours.shape[1]), rank_of_ours.columns, fontsize=8)
+ax.set_yticks(range(rank_of_ours.shape[0]), rank_of_ours.index, fontsize=8)
+for (r, c), v in np.ndenumerate(rank_of_ours.to_numpy()):
+    ax.text(c, r, str(v), ha="center", va="center", color="white" if v > len(panel) / 2 else "black")
+ax.set_title(f"rank of {policy_name} among {len(panel)} policies (ANWG, 1 = best)", fontsize=9)
+fig.colorbar(im, ax=ax, fraction=0.03)
+fig.tight_layout()
+fig.savefig(Path(output_dir) / "custom_policy_rank.png", dpi=120)
+plt.show()
+
+# %% [markdown]
+# ## Does its ranking port? RQ1 with the new policy in the panel
+
+# %%
+sources = sorted(set(table["source"]))
+rows = []
+for a in range(len(sources)):
+    for b in range(a + 1, len(sources)):
+        for panel_name, pols in (("study's 11", tuple(PRIMARY_PANEL)), ("with ours", panel)):
+            res = stats.cross_source_tau(table, "anwg", region, sources[a], sources[b], policies=pols,
+                                         n_resamples=n_resamples, seed=seed)
+            rows.append({"pair": f"{sources[a]} vs {sources[b]}", "panel": panel_name,
+                         "tau_b": res.statistic})
+tau = pd.DataFrame(rows).pivot(index="pair", columns="panel", values="tau_b")
+glue("custom_tau_min", float(tau["with ours"].min()), display=False)
+glue("custom_best_rank", int(rank_of_ours.to_numpy().min()), display=False)
+glue("custom_worst_rank", int(rank_of_ours.to_numpy().max()), display=False)
+glue("custom_n_panel", len(panel), display=False)
+glue("custom_engine", engine_model, display=False)
+glue("custom_region", region, display=False)
+tau.round(3)
+
+# %% [markdown]
+# :::{admonition} Finding
+# :class: tip pb-finding
+# Shortest predicted remaining first ranks between {glue:text}`custom_best_rank:d` and
+# {glue:text}`custom_worst_rank:d` of the {glue:text}`custom_n_panel:d` policies across sources and
+# regions ({glue:text}`custom_engine`); with it in the panel, the lowest cross-source $\tau_b$ at
+# {glue:text}`custom_region` is {glue:text}`custom_tau_min:.2f`. Change the class above, rerun this page
+# (`portbench book -p region=OVERLOAD --notebooks add_your_scheduler`), and read the same tables for
+# your own scheduler.
+# :::
