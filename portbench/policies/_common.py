@@ -34,6 +34,23 @@ def ranked_waiting(view, *keys_last_first) -> list:
     return w[np.lexsort((w, *(k(w) for k in keys_last_first)))]
 
 
+def ranked_lazily(view, *keys_last_first, head: int = 64):
+    """:func:`ranked_waiting`, lazily, as numpy chunks in rank order: only the ``head`` best by the
+    primary key (ties at the boundary included) are sorted first; the rest are sorted only if the walk
+    gets that far. Requests whose prompt cannot fit the KV room left now are dropped first (a walk
+    would skip them anyway). For an engine that stops taking admissions at its first refusal, most of
+    a long queue is never sorted. :func:`admissions_in_order` walks it."""
+    w = np.fromiter(view.waiting, dtype=np.int64, count=len(view.waiting))
+    w = w[view.input_tokens[w] <= view.model.max_kv_tokens - view.kv_used]
+    if len(w) <= 2 * head:
+        yield w[np.lexsort((w, *(k(w) for k in keys_last_first)))]
+        return
+    primary = keys_last_first[-1](w)
+    first = primary <= np.partition(primary, head)[head]
+    for part in (w[first], w[~first]):
+        yield part[np.lexsort((part, *(k(part) for k in keys_last_first)))]
+
+
 def fits(view, active: int, kv: int, prompt: int) -> bool:
     """The engine's hard admission limits: one more sequence, and its whole prompt in the KV cache."""
     m = view.model
@@ -46,14 +63,39 @@ def admissions_in_order(view, ranked, accept=None, kv_charge=None, limit=None):
 
     ``accept(i, active, kv)`` is a policy's extra filter applied after the hard limits;
     ``kv_charge(i)`` the KV a policy books for an admission (default: the prompt);
-    ``limit`` the most admissions in this step.
+    ``limit`` the most admissions in this step. ``ranked`` is a sequence of ids, or the numpy chunks
+    of :func:`ranked_lazily`.
 
     The walk is lazy: an engine that stops taking admissions at its first refusal stops the walk
     there too (a long queue is then not walked to its end at every step).
     """
     active, kv = view.n_active, view.kv_used
-    slots = view.model.max_active_sequences
+    m = view.model
+    slots = m.max_active_sequences
     if active >= slots:
+        return
+    if accept is None and kv_charge is None and not hasattr(ranked, "__len__"):
+        # chunks from ranked_lazily: the walk in numpy, a chunk at a time — the next request whose
+        # prompt fits the KV room left, while a sequence slot is left
+        prompts = view.input_tokens
+        n = 0
+        for chunk in ranked:
+            p = prompts[chunk]
+            pos = 0
+            while pos < len(chunk):
+                if active + 1 > slots or active + 1 > m.max_batch_tokens:
+                    return
+                hit = np.flatnonzero(p[pos:] <= m.max_kv_tokens - kv)
+                if not len(hit):
+                    break
+                j = pos + int(hit[0])
+                yield int(chunk[j])
+                active += 1
+                kv += int(p[j])
+                n += 1
+                if limit is not None and n >= limit:
+                    return
+                pos = j + 1
         return
     if kv_charge is None and len(ranked) > 32:
         # A long queue: drop at once every request whose prompt cannot fit in the KV room left now

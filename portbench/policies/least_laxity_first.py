@@ -4,7 +4,7 @@ import numpy as np
 
 from ..sim import Decision, Policy
 from . import register
-from ._common import ALPHA, BETA, admissions_in_order, estimate, ranked_waiting
+from ._common import ALPHA, BETA, admissions_in_order, estimate, ranked_lazily
 
 
 @register
@@ -34,5 +34,5 @@ class LeastLaxityFirst(Policy):
     def schedule(self, view):
         # key (lax, deadline, -priority, id), lax = (d - now) - est, evaluated in numpy
         now, d, prio, est = view.now, view.deadline_s, view.priority, self._est
-        ranked = ranked_waiting(view, lambda w: -prio[w], lambda w: d[w], lambda w: (d[w] - now) - est[w])
+        ranked = ranked_lazily(view, lambda w: -prio[w], lambda w: d[w], lambda w: (d[w] - now) - est[w])
         return Decision(admit=admissions_in_order(view, ranked))

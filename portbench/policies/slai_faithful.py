@@ -87,7 +87,7 @@ class SlaiFaithful(PagedPolicy):
         order = np.lexsort((np.arange(view.n_requests), view.input_tokens))
         rank = np.empty(view.n_requests, dtype=np.int64)
         rank[order] = np.arange(view.n_requests)
-        self._prompt_rank = rank.tolist()
+        self._prompt_rank, self._prompt_rank_array = rank.tolist(), rank
         rule = self.rule
         self._never_skip = (rule.tbt_s - rule.theta_high * rule.step_s
                             < 3 * view.model.longest_quiet_step_s)
@@ -133,7 +133,11 @@ class SlaiFaithful(PagedPolicy):
         used = len(served)
         used = self._prefill(prefilling, budget, used)
         # admission, shortest prompt first (TBT is the same for every request)
-        queue = sorted(view.waiting, key=self._prompt_rank.__getitem__)
+        if len(view.waiting) > 32:
+            w = np.fromiter(view.waiting, dtype=np.int64, count=len(view.waiting))
+            queue = w[np.argsort(self._prompt_rank_array[w])]
+        else:
+            queue = sorted(view.waiting, key=self._prompt_rank.__getitem__)
         admit, used, closed = self._admit(view, queue, budget=budget, used=used,
                                           seqs=len(decoding) + len(prefilling), chunked=True)
         # non-critical decodes get only the leftover
