@@ -1,10 +1,26 @@
-"""The study's RQ6 case on vLLM on this machine's CPU (run with the vLLM environment, `.venv-vllm`).
+"""The study's RQ6 case on vLLM on this machine's CPU, guarded against a noisy host (run with the
+vLLM environment, `.venv-vllm`, on a quiet machine):
 
-    .venv-vllm/bin/python benchmarks/rq6_vllm_cpu.py [--windows-per-source 10] [--budget-s 5400]
+    .venv-vllm/bin/python benchmarks/rq6_vllm_cpu.py            # plan, profile, refit, case
+    .venv-vllm/bin/python benchmarks/rq6_vllm_cpu.py --dry-run  # only the plan and its estimate
 
-Measures vLLM's step profile (saved for the calibrated engine model), derives the speed ratio that
-brackets the real-engine λ_ref search, then runs the case and its control with
-``portbench.realengine.study.run_case``; results land in ``data/results/realengine/vllm_cpu_*``.
+1. **Plan**: prints the number of runs (windows × policies × repetitions, λ_ref searches, host
+   probes) and an estimated duration, before any engine is built.
+2. **Profile**: vLLM's step time over the case's ranges (prefill up to the 2,560-token budget, up to
+   128 decoding sequences, up to ~300k context tokens), with the inter-step gap and the scheduler's
+   time; saved as ``<tag>_step_profile.parquet``. The speed ratio that brackets the real-engine
+   λ_ref search comes from its decode steps (``--speed-ratio`` overrides it).
+3. **Case**: :func:`portbench.realengine.study.run_case` — ≥ 8 windows per source, both policies,
+   two repetitions, a host probe before and after every run with re-runs when the host drifted,
+   every engine step logged; results in ``data/results/realengine/<tag>_case_*``.
+4. **Refit**: :meth:`portbench.engine_v1.StepCost.fit` on the clean profile rows (gap = median
+   observed gap); the coefficients and overall error go to ``<tag>_cost.json``, the error by
+   prefill/decode range to ``<tag>_fit_by_range.parquet``. It comes last because
+   ``portbench.engine_v1`` loads numba, and vLLM 0.32 cannot build an engine in a process where
+   llvmlite is loaded (its Triton-override scan of ``sys.modules`` trips on an llvmlite object).
+
+Restarting with the same ``--tag`` resumes: a finished profile and refit are reused and the case
+skips the runs (and λ_ref searches) it already has. ``--fresh`` starts over.
 """
 
 import argparse
@@ -12,41 +28,170 @@ import dataclasses
 import json
 import time
 
+import numpy as np
+import pandas as pd
+
 from portbench import store
 from portbench.realengine import ModelShape
-from portbench.realengine.study import realengine_dir, run_case
+from portbench.realengine.study import CASE_POLICIES, CASE_SOURCES, realengine_dir, run_case, scheduler_time
 
 #: A tiny random Llama: a window replays in seconds on two CPU cores.
 SHAPE = ModelShape(n_layers=2, hidden_size=128, n_heads=4, n_kv_heads=4, intermediate_size=256)
 
+#: The wide step-profile grid: the case's ranges (vllm_faithful's 2,560-token budget, SLAI's 128
+#: sequences; 128 decoders × 2,400 tokens ≈ 307k context tokens).
+PROFILE = dict(prefill_tokens=(0, 16, 64, 256, 512, 1024, 2048, 2560), decode_seqs=(0, 1, 8, 32, 64, 128),
+               context_tokens=(16, 256, 1024, 2400), repeats=3, max_num_batched_tokens=2560 + 128,
+               max_num_seqs=256, kv_cache_gib=1.5)
+
+#: A small grid for a smoke test of this script (``--small-profile``).
+SMALL_PROFILE = dict(prefill_tokens=(0, 64, 512), decode_seqs=(0, 4), context_tokens=(32,), repeats=2,
+                     max_num_batched_tokens=2048, max_num_seqs=256, kv_cache_gib=1.0)
+
+#: Fallbacks for the estimate when no earlier run of the case is on disk (the vLLM-CPU case of
+#: 2026-11-30: 21.9 s a run on average; a host probe ~0.2 s; decoder prefill ~50k tokens/s).
+DEFAULT_RUN_S, PROBE_S, PREFILL_TOKENS_PER_S, STEP_S = 21.9, 0.25, 50_000.0, 0.05
+
+
+def plan(args, out, tag, grid):
+    """Runs to do and an estimated duration (s), from earlier runs on disk where there are any."""
+    n_windows = 3 * args.windows_per_source
+    n_runs = n_windows * len(CASE_POLICIES) * args.repetitions
+    done, cal_done = 0, 0
+    runs_path = out / f"{tag}_case_runs.parquet"
+    meta_path = out / f"{tag}_case.json"
+    if runs_path.exists() and not args.fresh:
+        done = len(pd.read_parquet(runs_path))
+    if meta_path.exists() and not args.fresh:
+        cal_done = len(json.loads(meta_path.read_text()).get("lambda_ref_real", {}))
+    walls = []
+    for path in (out / f"{tag}_case_attempts.parquet", out / "vllm_cpu_case_runs.parquet"):
+        if path.exists():
+            walls = pd.read_parquet(path)["wall_s"].dropna().tolist()
+            if walls:
+                break
+    run_s = float(np.mean(walls)) if walls else DEFAULT_RUN_S
+    todo = max(0, n_runs - done)
+    searches = max(0, n_windows - cal_done)
+    retry = 1.2                                  # expected attempts per run (some re-runs)
+    calib_replays = searches * (2 + args.bisection_steps + 1)      # bracket, bisection, ~1 widening
+    probes = 2 * todo * retry + 3 * len(CASE_POLICIES) if todo else 0
+    profile_s = 0.0
+    if args.fresh or not (out / f"{tag}_step_profile.parquet").exists():
+        g = grid
+        prefill_tokens = sum(d * c for d in g["decode_seqs"] for c in g["context_tokens"])
+        timed = len(g["prefill_tokens"]) * len(g["decode_seqs"]) * len(g["context_tokens"]) * g["repeats"]
+        profile_s = prefill_tokens / PREFILL_TOKENS_PER_S + timed * STEP_S + 30
+    est = {"runs_total": n_runs, "runs_done": done, "runs_to_do": todo, "lambda_searches": searches,
+           "calibration_replays_est": calib_replays, "host_probes_est": int(probes),
+           "run_s_est": run_s, "profile_s_est": profile_s,
+           "case_s_est": todo * retry * run_s + calib_replays * run_s + probes * PROBE_S
+           + args.retry_wait_s * todo * (retry - 1)}
+    est["total_s_est"] = est["profile_s_est"] + est["case_s_est"]
+    return est
+
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--windows-per-source", type=int, default=10)
+    ap.add_argument("--windows-per-source", type=int, default=8)
+    ap.add_argument("--repetitions", type=int, default=2)
     ap.add_argument("--bisection-steps", type=int, default=3)
-    ap.add_argument("--budget-s", type=float, default=5400)
-    ap.add_argument("--tag", default="vllm_cpu")
+    ap.add_argument("--bracket-factor", type=float, default=8.0)
+    ap.add_argument("--drift-tolerance", type=float, default=0.15)
+    ap.add_argument("--max-retries", type=int, default=2)
+    ap.add_argument("--retry-wait-s", type=float, default=20.0,
+                    help="pause before re-running a run the host guard rejected")
+    ap.add_argument("--speed-ratio", type=float, default=None,
+                    help="override the profile's speed ratio (brackets the λ_ref search)")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="stop (resumably) after this many seconds; default: run to the end")
+    ap.add_argument("--tag", default="vllm_cpu_guarded")
+    ap.add_argument("--fresh", action="store_true", help="start over instead of resuming")
+    ap.add_argument("--dry-run", action="store_true", help="print the plan and its estimate only")
+    ap.add_argument("--data-dir", default=None, help="the data folder (default: the repository's)")
+    ap.add_argument("--small-profile", action="store_true", help="a small profile grid (smoke tests)")
     args = ap.parse_args()
+
+    out = realengine_dir(args.data_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tag = args.tag
+    grid = SMALL_PROFILE if args.small_profile else PROFILE
+    est = plan(args, out, tag, grid)
+    print(f"plan [{tag}]: {len(CASE_SOURCES)} sources x {args.windows_per_source} windows x "
+          f"{len(CASE_POLICIES)} policies x {args.repetitions} repetitions = {est['runs_total']} runs "
+          f"({est['runs_done']} done, {est['runs_to_do']} to do); {est['lambda_searches']} λ_ref searches "
+          f"(~{est['calibration_replays_est']} replays); ~{est['host_probes_est']} host probes", flush=True)
+    print(f"estimate: profile ~{est['profile_s_est'] / 60:.0f} min + case ~{est['case_s_est'] / 60:.0f} min "
+          f"= ~{est['total_s_est'] / 3600:.1f} h (a run ~{est['run_s_est']:.0f} s; more if the host is "
+          f"noisy: each rejected run is repeated up to {args.max_retries} times)", flush=True)
+    if args.dry_run:
+        return
 
     from portbench.realengine import vllm_backend as mod
 
-    out = realengine_dir()
-    out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    profile = mod.step_profile(shape=SHAPE)
-    store.atomic_write(out / f"{args.tag}_step_profile.parquet", lambda p: profile.to_parquet(p, index=False))
-    decode = profile[(profile["prefill_tokens"] == 0) & (profile["decode_seqs"] > 0)]
-    decode_step_s = float(decode["step_s"].median())
-    speed_ratio = 0.001 / decode_step_s
-    print(f"decode step {decode_step_s * 1e3:.2f} ms -> speed ratio {speed_ratio:.3g}", flush=True)
-    store.atomic_write(out / f"{args.tag}_tuning.json", lambda p: p.write_text(json.dumps(
-        {"shape": dataclasses.asdict(SHAPE), "decode_step_s": decode_step_s, "speed_ratio": speed_ratio},
-        indent=1)))
+    profile_path = out / f"{tag}_step_profile.parquet"
+    tuning_path = out / f"{tag}_tuning.json"
+    if profile_path.exists() and tuning_path.exists() and not args.fresh:
+        profile = pd.read_parquet(profile_path)
+        tuning = json.loads(tuning_path.read_text())
+        print(f"profile and refit reused from {profile_path.name}", flush=True)
+    else:
+        profile = mod.step_profile(shape=SHAPE, **grid)
+        skipped = profile.attrs.get("skipped", [])
+        store.atomic_write(profile_path, lambda p: profile.to_parquet(p, index=False))
+        clean = profile[profile["clean"]]
+        decode = clean[(clean["prefill_tokens"] == 0) & (clean["decode_seqs"] > 0)]
+        decode_step_s = float(decode["step_s"].median())
+        tuning = {"shape": dataclasses.asdict(SHAPE), "profile_grid": grid, "profile_rows": len(profile),
+                  "profile_clean_rows": int(len(clean)), "profile_skipped": skipped,
+                  "profile_s": time.perf_counter() - t0, "decode_step_s": decode_step_s,
+                  "speed_ratio": 0.001 / decode_step_s,
+                  "median_gap_s": float(np.nanmedian(profile["gap_s"])),
+                  "median_schedule_s": float(np.nanmedian(profile["schedule_s"]))}
+        store.atomic_write(tuning_path, lambda p: p.write_text(json.dumps(tuning, indent=1, default=str)))
+        print(f"profile: {len(profile)} steps ({len(clean)} clean, {len(skipped)} grid points skipped) in "
+              f"{tuning['profile_s']:.0f} s", flush=True)
+    speed_ratio = args.speed_ratio or tuning["speed_ratio"]
+    print(f"decode step {tuning['decode_step_s'] * 1e3:.2f} ms -> speed ratio {speed_ratio:.3g}", flush=True)
+
+    budget = None if args.budget_s is None else max(0.0, args.budget_s - (time.perf_counter() - t0))
     runs = run_case("vllm", n_per_source=args.windows_per_source, speed_ratio=speed_ratio,
-                    bisection_steps=args.bisection_steps,
-                    time_budget_s=args.budget_s - (time.perf_counter() - t0), tag=f"{args.tag}_case",
+                    bisection_steps=args.bisection_steps, bracket_factor=args.bracket_factor,
+                    repetitions=args.repetitions, drift_tolerance=args.drift_tolerance,
+                    max_retries=args.max_retries, retry_wait_s=args.retry_wait_s,
+                    resume=not args.fresh, time_budget_s=budget, tag=f"{tag}_case", data_dir=args.data_dir,
                     shape=SHAPE)
-    print(f"{len(runs)} runs in {time.perf_counter() - t0:.0f} s", flush=True)
+    steps_path = out / f"{tag}_case_steps.parquet"
+    if steps_path.exists():
+        steps = pd.read_parquet(steps_path)
+        steps = steps[steps["kept"]].sort_values(["window_id", "policy", "repetition", "step"])
+        end = steps["start_s"] + steps["duration_s"]
+        gap = steps["start_s"].shift(-1) - end
+        same = (steps[["window_id", "policy", "repetition"]].shift(-1)
+                == steps[["window_id", "policy", "repetition"]]).all(axis=1)
+        busy = gap[same & (steps["running"] + steps["waiting"] > 0)]   # no wait for an arrival
+        print(f"replay gap between busy steps: median {np.median(busy) * 1e3:.3f} ms "
+              f"(profile: {tuning['median_gap_s'] * 1e3:.3f} ms)" if len(busy) else "", flush=True)
+        sched = scheduler_time(steps)
+        if len(sched):
+            print("scheduler time per step (ms) by waiting-queue length:", flush=True)
+            print(sched.to_string(index=False), flush=True)
+    # the refit, last (see the module's docstring: numba and vLLM do not share a process)
+    from portbench.engine_v1 import StepCost
+
+    clean = profile[profile["clean"]]
+    cost, err, by_range = StepCost.fit(clean, by_range=True)
+    store.atomic_write(out / f"{tag}_fit_by_range.parquet", lambda p: by_range.to_parquet(p, index=False))
+    store.atomic_write(out / f"{tag}_cost.json", lambda p: p.write_text(json.dumps(
+        {"cost": dataclasses.asdict(cost), "fit_median_rel_error": err, "profile_rows": int(len(clean))},
+        indent=1)))
+    print(f"refit: {cost} (median error {err:.1%}); by range:", flush=True)
+    print(by_range.to_string(index=False), flush=True)
+    n_flag = int(runs["host_flagged"].sum()) if "host_flagged" in runs else 0
+    expected = est["runs_total"]
+    print(f"{len(runs)}/{expected} runs ({n_flag} host-flagged) in {time.perf_counter() - t0:.0f} s"
+          + ("" if len(runs) >= expected else " — restart the same command to resume"), flush=True)
 
 
 if __name__ == "__main__":

@@ -55,24 +55,39 @@ _NO_DECISION = Decision()
 
 @dataclasses.dataclass(frozen=True)
 class StepCost:
-    """Step time = fixed + per prefill token + per decoding sequence + per context token read (s)."""
+    """Step time = fixed + per prefill token + per decoding sequence + per context token read (s),
+    plus ``gap_s``: the engine's time between the end of one step and the start of the next (its own
+    bookkeeping and the serving loop's), added to every step. The default gap of 0 leaves every
+    simulation as it was without the term."""
 
     fixed_s: float = 5.75e-3
     per_prefill_token_s: float = 17.3e-6
     per_decode_seq_s: float = 6.0e-6
     per_context_token_s: float = 0.0
+    gap_s: float = 0.0
 
-    def picoseconds(self) -> tuple[int, int, int, int]:
+    def picoseconds(self) -> tuple[int, int, int, int, int]:
+        """(fixed, per prefill token, per decoding sequence, per context token, gap) in integer ps."""
         return tuple(int(round(x * PS)) for x in (self.fixed_s, self.per_prefill_token_s,
-                                                   self.per_decode_seq_s, self.per_context_token_s))
+                                                   self.per_decode_seq_s, self.per_context_token_s,
+                                                   self.gap_s))
+
+    #: Bins of the per-range fit error (left-closed edges; the last bin is open).
+    PREFILL_BINS: ClassVar[tuple] = (0, 1, 129, 513, 1025, 2561)
+    DECODE_BINS: ClassVar[tuple] = (0, 1, 9, 33, 129)
 
     @classmethod
     def fit(cls, profile, *, step="step_s", prefill="prefill_tokens", decode="decode_seqs",
-            context="kv_context_tokens"):
+            context="kv_context_tokens", gap="gap_s", by_range: bool = False):
         """Non-negative least squares on a step profile (one row per measured step).
 
-        Returns the cost model and the fit's relative error (median |pred − obs| ÷ obs).
+        ``gap_s`` is the median of the profile's ``gap`` column where it has one (else 0).
+        Returns the cost model and the fit's relative error (median |pred − obs| ÷ obs of the step
+        time, gap excluded); with ``by_range=True`` also a table of that error by prefill-token bin
+        and decoding-sequence bin (:attr:`PREFILL_BINS`, :attr:`DECODE_BINS`): columns
+        ``prefill_bin, decode_bin, n, median_rel_error, median_step_s``.
         """
+        import pandas as pd
         from scipy.optimize import nnls
 
         x = np.column_stack([np.ones(len(profile)), profile[prefill], profile[decode],
@@ -80,7 +95,29 @@ class StepCost:
         y = profile[step].to_numpy(dtype=float)
         coef, _ = nnls(x.astype(float), y)
         pred = x @ coef
-        return cls(*map(float, coef)), float(np.median(np.abs(pred - y) / y))
+        rel = np.abs(pred - y) / y
+        gap_s = 0.0
+        if gap in profile:
+            gaps = profile[gap].to_numpy(dtype=float)
+            gaps = gaps[np.isfinite(gaps)]
+            gap_s = float(max(0.0, np.median(gaps))) if gaps.size else 0.0
+        cost = cls(*map(float, coef), gap_s=gap_s)
+        if not by_range:
+            return cost, float(np.median(rel))
+
+        def label(edges, values):
+            names = [f"{a}" if b == a + 1 else f"{a}-{b - 1}" for a, b in zip(edges[:-1], edges[1:])]
+            names.append(f">={edges[-1]}")
+            idx = np.searchsorted(np.asarray(edges), np.asarray(values, dtype=float), side="right") - 1
+            return [names[i] if i >= 0 else f"<{edges[0]}" for i in idx]
+
+        frame = pd.DataFrame({"prefill_bin": label(cls.PREFILL_BINS, profile[prefill]),
+                              "decode_bin": label(cls.DECODE_BINS, profile[decode]),
+                              "rel_error": rel, "step_s": y})
+        table = (frame.groupby(["prefill_bin", "decode_bin"], sort=False)
+                 .agg(n=("rel_error", "size"), median_rel_error=("rel_error", "median"),
+                      median_step_s=("step_s", "median")).reset_index())
+        return cost, float(np.median(rel)), table
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,8 +148,8 @@ class VllmV1Model:
     def longest_quiet_step_s(self) -> float:
         """The longest a step can last in which only decoding happens: every sequence decoding, the
         whole cache read (the engine's picosecond costs, plus a nanosecond for float round-off)."""
-        c0, _, cd, cc = self.cost.picoseconds()
-        return (c0 + cd * self.max_active_sequences + cc * self.max_kv_tokens) / PS + 1e-9
+        c0, _, cd, cc, cg = self.cost.picoseconds()
+        return (c0 + cg + cd * self.max_active_sequences + cc * self.max_kv_tokens) / PS + 1e-9
 
     def make_engine(self, window, policy, priority=None):
         return _V1Engine(window, policy, self, priority)
@@ -449,9 +486,9 @@ class _V1Engine:
                 budget -= n_new
                 admitted = True
         # step time from the batch
-        c0, cp, cd, cc = self._c
+        c0, cp, cd, cc, cg = self._c
         self.last_step_start_ps = self.t_ps
-        self.t_ps += c0 + cp * prefill + cd * decodes + cc * context
+        self.t_ps += c0 + cg + cp * prefill + cd * decodes + cc * context
         self.step += 1
         n_fin, freed, kv, mid_prefill = _advance(self._sched, n_sched, st, self.t_ps, self._finished)
         self._kv += kv
@@ -473,8 +510,8 @@ class _V1Engine:
 
     def _span_ps(self, k: int, D: int, C0: int) -> int:
         """Sum of the next ``k`` pure-decode step times (context grows by D a step)."""
-        c0, _, cd, cc = self._c
-        return k * (c0 + cd * D + cc * C0) + cc * D * (k * (k - 1) // 2)
+        c0, _, cd, cc, cg = self._c
+        return k * (c0 + cg + cd * D + cc * C0) + cc * D * (k * (k - 1) // 2)
 
     def _steps_starting_before(self, limit_ps: int, k: int, D: int, C0: int) -> int:
         """The most of the next ``k`` pure-decode steps that all start before ``limit_ps``."""

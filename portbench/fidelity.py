@@ -87,45 +87,119 @@ def hol_reversals(ablation: pd.DataFrame, *, n_resamples: int = 2000, seed: int 
 
 #: How each policy of the real-engine case is modelled in the ``vllm_v1`` engine model, so that the
 #: simulator sees what the real engine ran: vLLM's FCFS with a 2,560-token budget and chunked prefill
-#: off (it refuses requests that do not fit, which ``oversize="reject"`` mirrors), and SLAI with a
-#: 512-token budget and 128 sequences.
+#: off, and SLAI with a 512-token budget and 128 sequences. ``max_model_len`` is the real engine's
+#: (vLLM requires it ≤ the budget when chunked prefill is off): the real replay refuses every request
+#: with prompt + output > max_model_len (:data:`portbench.realengine.vllm_backend.REFUSAL_RULE`), and
+#: the simulated counterpart refuses the same requests (:func:`real_refused`) — not the
+#: ``oversize="reject"`` rule of the study's policy (prompt > budget), which serves requests whose
+#: prompt fits but whose output would run past max_model_len. ``None``: the run's own
+#: ``max_model_len`` column decides (no refusal without one).
 REAL_COUNTERPARTS = {
-    "vllm_faithful": {"budget": 2560, "seqs": 256, "params": {"oversize": "reject"}},
-    "slai_faithful": {"budget": 512, "seqs": 128, "params": {}},
+    "vllm_faithful": {"budget": 2560, "seqs": 256, "params": {"oversize": "reject"}, "max_model_len": 2560},
+    "slai_faithful": {"budget": 512, "seqs": 128, "params": {}, "max_model_len": None},
 }
 
 
+def real_refused(window, max_model_len) -> np.ndarray:
+    """The requests the real engine refuses: prompt + output > ``max_model_len`` (None: none).
+
+    vLLM 0.32 refuses a prompt of ``max_model_len`` tokens or more and caps a longer sequence's
+    output at ``max_model_len``; the replay cannot serve a capped output (lengths must be the
+    trace's), so it refuses both up front (:data:`portbench.realengine.vllm_backend.REFUSAL_RULE`).
+    """
+    n = len(window)
+    if max_model_len is None or not np.isfinite(max_model_len):
+        return np.zeros(n, dtype=bool)
+    total = window.input_tokens.astype(np.int64) + window.output_tokens.astype(np.int64)
+    return total > int(max_model_len)
+
+
+def simulate_counterpart(window, policy: str, cost, *, kv_tokens: int = 500_000,
+                         max_model_len=None):
+    """The ``vllm_v1`` counterpart of a real run of ``policy`` on ``window`` (already scaled), with the
+    real engine's refusal rule: the requests of :func:`real_refused` are taken out of the window
+    before simulating and come back as never served (NaN times). ``max_model_len``: the real run's
+    (default: :data:`REAL_COUNTERPARTS`). Returns ``(RunResult, refused mask)``.
+    """
+    import dataclasses
+
+    from .engine_v1 import VllmV1Model
+
+    spec = REAL_COUNTERPARTS[policy]
+    if max_model_len is None or not np.isfinite(max_model_len):
+        max_model_len = spec["max_model_len"]
+    refused = real_refused(window, max_model_len)
+    model = VllmV1Model(max_num_batched_tokens=spec["budget"], max_active_sequences=spec["seqs"],
+                        max_kv_tokens=kv_tokens, cost=cost)
+    if not refused.any():
+        return sim.simulate(window, make_policy(policy, **spec["params"]), model), refused
+    keep = ~refused
+    sub = dataclasses.replace(window, **{f: getattr(window, f)[keep] for f in (
+        "arrival_s", "input_tokens", "output_tokens", "predicted_output_tokens", "deadline_s")})
+    r = sim.simulate(sub, make_policy(policy, **spec["params"]), model)
+
+    def full(values):
+        out = np.full(len(window), np.nan)
+        out[keep] = values
+        return out
+
+    result = sim.RunResult(window.window_id, r.policy, r.engine_model, window.arrival_s,
+                           window.deadline_s, window.input_tokens, window.output_tokens,
+                           np.ones(len(window)), admit_s=full(r.admit_s),
+                           first_token_s=full(r.first_token_s), finish_s=full(r.finish_s),
+                           duration_s=r.duration_s, n_steps=r.n_steps, n_preemptions=r.n_preemptions)
+    return result, refused
+
+
 def sim_vs_real(runs: pd.DataFrame, requests: pd.DataFrame, windows: dict, cost, *,
-                kv_tokens: int = 500_000) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+                kv_tokens: int = 500_000, exclude_host_flagged: bool = False
+                ) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     """Replay the real engine's runs in the calibrated ``vllm_v1`` model and compare.
 
     ``windows``: window_id → Window; ``cost``: a :class:`portbench.engine_v1.StepCost` fitted to
-    the real engine's step profile. Returns per-request errors (simulated − real TTFT and latency,
-    s), per-run ANWG (real and simulated) and a summary: median absolute errors, the ANWG error and
-    Kendall τ_b between real and simulated ANWG over all runs.
+    the real engine's step profile. Both sides refuse the same requests (:func:`simulate_counterpart`;
+    the run's ``max_model_len`` where the table has it). Repetitions of a run (column
+    ``repetition``) are compared one by one with the same simulation; ``exclude_host_flagged`` drops
+    the runs the host guard flagged. Returns per-request errors (simulated − real TTFT and latency,
+    s; ``refused_sim`` and, where the real table records it, ``refused_real``), per-run ANWG (real
+    and simulated) and a summary: median absolute errors, the ANWG error, Kendall τ_b between real
+    and simulated ANWG over all runs, and the refusals (``n_refused_sim``, ``n_refused_mismatch``).
     """
-    from .engine_v1 import VllmV1Model
-
     per_request, per_run = [], []
+    if exclude_host_flagged and "host_flagged" in runs:
+        runs = runs[~runs["host_flagged"].astype(bool)]
+    cache: dict = {}
     for _, run in runs.iterrows():
-        spec = REAL_COUNTERPARTS.get(run["policy"])
-        if spec is None:
+        if run["policy"] not in REAL_COUNTERPARTS:
             continue
-        w = scale(windows[run["window_id"]], run["load_factor"])
-        model = VllmV1Model(max_num_batched_tokens=spec["budget"], max_active_sequences=spec["seqs"],
-                            max_kv_tokens=kv_tokens, cost=cost)
-        result = sim.simulate(w, make_policy(run["policy"], **spec["params"]), model)
-        real = requests[(requests["window_id"] == run["window_id"]) & (requests["policy"] == run["policy"])]
-        real = real.sort_values("request_index")
+        mml = run.get("max_model_len", None)
+        mml = None if mml is None or pd.isna(mml) else float(mml)
+        key = (run["window_id"], run["policy"], float(run["load_factor"]), mml)
+        if key not in cache:
+            w = scale(windows[run["window_id"]], run["load_factor"])
+            cache[key] = simulate_counterpart(w, run["policy"], cost, kv_tokens=kv_tokens,
+                                              max_model_len=mml)
+        result, refused = cache[key]
+        sel = (requests["window_id"] == run["window_id"]) & (requests["policy"] == run["policy"])
+        rep = run.get("repetition", None)
+        if "repetition" in requests and rep is not None and not pd.isna(rep):
+            sel &= requests["repetition"] == rep
+        real = requests[sel].sort_values("request_index")
         ttft_sim = result.first_token_s - result.arrival_s
         ttft_real = real["first_token_s"].to_numpy() - real["arrival_s"].to_numpy()
         lat_sim = result.finish_s - result.arrival_s
         lat_real = real["finish_s"].to_numpy() - real["arrival_s"].to_numpy()
-        per_request.append(pd.DataFrame({"window_id": run["window_id"], "policy": run["policy"],
-                                         "source": run["source"], "ttft_error_s": ttft_sim - ttft_real,
-                                         "latency_error_s": lat_sim - lat_real,
-                                         "latency_real_s": lat_real}))
+        frame = pd.DataFrame({"window_id": run["window_id"], "policy": run["policy"],
+                              "source": run["source"], "ttft_error_s": ttft_sim - ttft_real,
+                              "latency_error_s": lat_sim - lat_real, "latency_real_s": lat_real,
+                              "refused_sim": refused})
+        if "refused" in real:
+            frame["refused_real"] = real["refused"].to_numpy(dtype=bool)
+        if rep is not None and not pd.isna(rep):
+            frame.insert(2, "repetition", int(rep))
+        per_request.append(frame)
         per_run.append({"source": run["source"], "window_id": run["window_id"], "policy": run["policy"],
+                        **({"repetition": int(rep)} if rep is not None and not pd.isna(rep) else {}),
                         "anwg_real": run["anwg"], "anwg_sim": cell_metrics(result)["anwg"]})
     req = pd.concat(per_request, ignore_index=True) if per_request else pd.DataFrame()
     run_frame = pd.DataFrame(per_run)
@@ -142,5 +216,10 @@ def sim_vs_real(runs: pd.DataFrame, requests: pd.DataFrame, windows: dict, cost,
             "max_abs_anwg_error": float(np.abs(err).max()),
             "tau_b_anwg": stats.kendall_tau_b(run_frame["anwg_real"].to_numpy(),
                                               run_frame["anwg_sim"].to_numpy()),
+            "n_refused_sim": int(req["refused_sim"].sum()),
         }
+        if "refused_real" in req:
+            known = req["refused_real"].notna()
+            summary["n_refused_mismatch"] = int(
+                (req.loc[known, "refused_real"].astype(bool) != req.loc[known, "refused_sim"]).sum())
     return req, run_frame, summary

@@ -8,8 +8,14 @@ import numpy as np
 import pytest
 
 from portbench import sim
-from portbench.policies import available, make_policy
-from portbench.workload import make_window, scale
+from portbench.policies import make_policy
+from portbench.testing import first_difference
+from portbench.workload import scale
+
+
+def assert_same(fast: sim.RunResult, slow: sim.RunResult):
+    diff = first_difference(fast, slow)
+    assert diff is None, diff
 
 
 @pytest.fixture(scope="module")

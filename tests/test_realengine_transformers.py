@@ -55,6 +55,10 @@ def test_replay_exact_lengths_monotone_times_and_metrics(window, results, policy
     assert len(steps) == result.n_steps == info["n_steps"]
     assert steps["prefill_tokens"].sum() >= window.input_tokens.sum()   # evictions recompute
     assert (steps["prefill_tokens"] <= 256).all()
+    # the scheduler's own time and the queues it saw, per step
+    assert (steps["schedule_s"] > 0).all() and (steps["schedule_s"] < 0.5).all()
+    assert (steps["running"] >= 0).all() and (steps["waiting"] >= 0).all()
+    assert (steps["running"] + steps["waiting"] > 0).all()
 
 
 def test_evictions_keep_exact_lengths_and_first_token_times():
@@ -113,4 +117,15 @@ def test_step_profile_has_rows_for_the_grid():
     assert (df["batch_prefill_tokens"] == df["prefill_tokens"]).all()
     assert (df["batch_decode_seqs"] == df["decode_seqs"]).all()
     assert (df["forward_s"] > 0).all() and (df["step_s"] >= df["forward_s"]).all()
+    assert (df["gap_s"] >= 0).all() and (df["gap_s"] < 0.5).all()     # end of one step to the next
+    assert (df["schedule_s"] > 0).all() and (df["schedule_s"] < df["step_s"]).all()
     assert df.attrs["engine_version"] == tb.engine_version()
+
+
+def test_probe_replays_the_fixed_batch():
+    model = tb.build_model(SHAPE, "cpu")
+    for policy in ("fifo", "slai_faithful", "vllm_faithful"):
+        p = tb.probe(policy, shape=SHAPE, max_batch_tokens=256, block_size=16, num_blocks=512, model=model)
+        assert set(p) == {"wall_s", "mean_step_s", "n_steps"}
+        assert 0 < p["wall_s"] < 30 and p["n_steps"] >= 32          # 32 output tokens a request
+        assert 0 < p["mean_step_s"] < p["wall_s"]

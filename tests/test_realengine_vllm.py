@@ -12,6 +12,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
+from portbench import fidelity  # noqa: E402
 from portbench.metrics import cell_metrics  # noqa: E402
 from portbench.realengine import ModelShape  # noqa: E402
 from portbench.realengine import vllm_backend as vb  # noqa: E402
@@ -44,6 +45,15 @@ def long_window():
                        prediction_seed=1)
 
 
+def mixed_window():
+    """Requests the two refusal rules disagree on: prompt <= 2,560 but prompt + output > 2,560 (1, 4)."""
+    return make_window("mixed", "test", [0.0, 0.0, 0.01, 0.02, 0.03], [64, 2500, 3000, 32, 2559],
+                       [4, 100, 4, 4, 2], prediction_seed=1)
+
+
+#: (prompt, max_tokens) straight to vllm_faithful's engine (max_model_len 2560)
+OUTCOMES = [(2500, 100), (2559, 1), (2559, 2), (2560, 1), (3000, 4), (64, 8)]
+
 JOBS = {
     "fifo_rand": ("replay", (random_window(), "fifo"), {"max_num_seqs": SEQS}),
     "fifo_burst": ("replay", (burst_window(), "fifo"), {"max_num_seqs": SEQS}),
@@ -51,6 +61,10 @@ JOBS = {
     "slai_rand": ("replay", (random_window(), "slai_faithful"), {"max_num_seqs": SEQS}),
     "slai_burst": ("replay", (burst_window(), "slai_faithful"), {"max_num_seqs": SEQS}),
     "faithful_long": ("replay", (long_window(), "vllm_faithful"), {"max_num_seqs": SEQS}),
+    "faithful_mixed": ("replay", (mixed_window(), "vllm_faithful"), {"max_num_seqs": SEQS}),
+    "outcomes": ("engine_outcomes", ("vllm_faithful", OUTCOMES), {"max_num_seqs": SEQS}),
+    "probe_faithful": ("probe", ("vllm_faithful",), {"max_num_seqs": SEQS}),
+    "probe_slai": ("probe", ("slai_faithful",), {"max_num_seqs": SEQS}),
     "profile": ("step_profile", (), {"prefill_tokens": (0, 64), "decode_seqs": (0, 4),
                                      "context_tokens": (32,), "repeats": 2, "max_num_seqs": 8}),
 }
@@ -92,6 +106,14 @@ def test_exact_lengths_and_time_order(runs, name):
     assert info["vllm_version"] and info["environment"]["engine"] == "vllm"
     assert info["n_steps"] == result.n_steps > 0
     assert result.n_preemptions == 0
+    # the instrumented scheduler: its own time and the batch of every step
+    steps = info["steps"]
+    assert len(steps["schedule_s"]) == info["n_steps"]
+    assert np.all(np.asarray(steps["schedule_s"]) > 0) and np.all(np.asarray(steps["schedule_s"]) < 0.5)
+    assert np.nansum(steps["prefill_tokens"]) == int(result.input_tokens.sum())      # no recompute
+    assert np.nansum(steps["decode_seqs"]) == int((result.output_tokens - 1).sum())
+    assert np.all(np.asarray(steps["scheduled_seqs"]) <= SEQS)
+    assert 0 < info["mean_schedule_ms"] < info["mean_step_ms"]
 
 
 def test_cell_metrics(runs):
@@ -146,3 +168,43 @@ def test_step_profile(runs):
     assert len(df) == 3 * 2                                    # (0,4), (64,0), (64,4) x 2 repeats
     assert df["clean"].all()
     assert (df["step_s"] > 0).all()
+    assert {"gap_s", "schedule_s"} <= set(df.columns)
+    assert (df["schedule_s"] > 0).all() and (df["schedule_s"] < df["step_s"]).all()
+    gaps = df["gap_s"].dropna()
+    assert len(gaps) >= len(df) - 1 and (gaps >= 0).all() and (gaps < 0.5).all()
+
+
+def test_probe_on_the_built_engines(runs):
+    for name in ("probe_faithful", "probe_slai"):
+        p = runs[name]
+        assert set(p) == {"wall_s", "mean_step_s", "n_steps"}
+        assert p["n_steps"] >= 32 and 0 < p["mean_step_s"] < p["wall_s"] < 30
+
+
+def test_vllm_refuses_or_caps_what_the_replay_refuses(runs):
+    """vLLM 0.32 itself (max_model_len = 2560 for vllm_faithful): a prompt of 2,560 tokens or more is
+    refused at submission; a shorter prompt whose output would run past 2,560 is cut at 2,560 tokens.
+    The replay refuses both up front, and the simulated counterpart refuses the same requests."""
+    out = runs["outcomes"]
+    assert out[0] == {"tokens": 60, "capped": True}          # 2500 + 100 > 2560: capped at 2560
+    assert out[1] == {"tokens": 1, "capped": False}          # 2559 + 1 = 2560: served
+    assert out[2] == {"tokens": 1, "capped": True}           # 2559 + 2 > 2560: capped
+    assert "error" in out[3] and "error" in out[4]           # prompt >= max_model_len: refused
+    assert out[5] == {"tokens": 8, "capped": False}
+    not_served = [("error" in o or o["capped"]) for o in out]
+    rule = [p + m > 2560 for p, m in OUTCOMES]
+    assert not_served == rule
+
+    result, info = runs["faithful_mixed"]
+    w = mixed_window()
+    real = fidelity.real_refused(w, info["engine_config"]["max_model_len"])
+    assert info["rejected"] == np.flatnonzero(real).tolist() == [1, 2, 4]
+    assert list(~result.completed) == real.tolist()
+    sim_result, sim_refused = fidelity.simulate_counterpart(w, "vllm_faithful", fidelity_cost())
+    np.testing.assert_array_equal(sim_refused, real)
+    np.testing.assert_array_equal(~sim_result.completed, real)
+
+
+def fidelity_cost():
+    from portbench.engine_v1 import StepCost
+    return StepCost()

@@ -6,6 +6,11 @@ exactly their trace output length (end-of-sequence ignored). Per request we reco
 token and finish times (seconds from the replay's start), so the result is a
 :class:`portbench.sim.RunResult` and :func:`portbench.metrics.cell_metrics` applies unchanged.
 
+Each backend also has ``probe(policy, **engine_kwargs)``: the fixed batch of :func:`probe_window`
+on the same engine and settings, whose wall time the case compares before and after every run with
+a reference to see a slow host (:func:`portbench.realengine.study.run_case`); and a per-step log in
+``info["steps"]`` (start, duration, queues, batch composition, the scheduler's own time).
+
 Backends (one module each, imported lazily because their engines are optional extras):
 
 - ``transformers``: transformers' continuous-batching engine (``pip install -e .[transformers]``);
@@ -62,6 +67,36 @@ def to_run_result(window: Window, policy: str, engine: str, *, admit_s, first_to
                      admit_s=f(admit_s), first_token_s=f(first_token_s), finish_s=f(finish_s),
                      duration_s=float(duration_s), n_steps=int(n_steps),
                      n_preemptions=int(n_preemptions))
+
+
+#: The fixed synthetic batch of the host probe (:func:`probe_window`): requests, prompt and output tokens.
+PROBE_REQUESTS, PROBE_PROMPT_TOKENS, PROBE_OUTPUT_TOKENS = 8, 64, 32
+
+
+def probe_window(n: int = PROBE_REQUESTS, prompt_tokens: int = PROBE_PROMPT_TOKENS,
+                 output_tokens: int = PROBE_OUTPUT_TOKENS) -> Window:
+    """The host probe's batch: ``n`` requests of ``prompt_tokens`` and ``output_tokens``, all at t = 0.
+
+    Each backend's ``probe(policy, **engine_kwargs)`` replays it on the same engine and settings as
+    a case run, so that its wall time measures the host (same work every time): the case compares it
+    before and after every run with a reference taken at the start of the case.
+    """
+    k = np.full(n, int(output_tokens), dtype=np.int64)
+    return Window("host_probe", "synthetic", np.zeros(n), np.full(n, int(prompt_tokens), dtype=np.int64),
+                  k, k.copy(), np.full(n, 1e9))
+
+
+def probe_figures(info: dict) -> dict:
+    """A probe replay's figures: wall time, steps and mean step time (s), from a backend's info."""
+    steps = info.get("steps")
+    n_steps = int(info.get("n_steps", 0) or 0)
+    if "busy_s" in info and n_steps:
+        mean_step = float(info["busy_s"]) / n_steps
+    elif steps is not None and "step_s" in getattr(steps, "columns", ()):
+        mean_step = float(np.nanmean(steps["step_s"].to_numpy(dtype=float))) if len(steps) else float("nan")
+    else:
+        mean_step = float("nan")
+    return {"wall_s": float(info.get("wall_s", float("nan"))), "mean_step_s": mean_step, "n_steps": n_steps}
 
 
 def environment(engine: str, engine_version: str, shape: ModelShape, device: str) -> dict:

@@ -8,7 +8,8 @@ Three phases, each time-boxed inside ``--budget-s``:
    the calibrated engine model;
 3. **case** — the study's case and control (:func:`portbench.realengine.study.run_case`): real-engine
    λ_ref by a short bisection bracketed around the simulator's λ_ref × the measured speed ratio, then
-   ``slai_faithful`` and ``vllm_faithful`` at HIGH_PRESSURE, as many windows per source as time allows.
+   ``slai_faithful`` and ``vllm_faithful`` at HIGH_PRESSURE (``--repetitions`` each, every run
+   guarded by host probes), as many windows per source as time allows.
 
 Everything lands in ``data/results/realengine/<tag>_*``; the RQ6 notebook reads it. On a CPU with
 ``--tiny`` the same script runs end to end in a minute or two (that is how it is tested).
@@ -88,6 +89,14 @@ def build_parser(add_help: bool = True) -> argparse.ArgumentParser:
     ap.add_argument("--windows-per-source", type=int, default=8)
     ap.add_argument("--bisection-steps", type=int, default=4)
     ap.add_argument("--burst", type=int, default=96, help="requests in the tuning burst")
+    ap.add_argument("--repetitions", type=int, default=2, help="runs of each (window, policy)")
+    ap.add_argument("--drift-tolerance", type=float, default=0.15,
+                    help="host probe drift that makes a run be re-run")
+    ap.add_argument("--max-retries", type=int, default=2, help="re-runs of a run the host guard rejected")
+    ap.add_argument("--max-widenings", type=int, default=3,
+                    help="widenings of the λ_ref bracket when the knee is outside it")
+    ap.add_argument("--speed-ratio", type=float, default=None,
+                    help="override the measured speed ratio (brackets the λ_ref search)")
     ap.add_argument("--tag", default=None, help="file prefix (default: transformers_<device>)")
     ap.add_argument("--data-dir", type=Path, default=None)
     return ap
@@ -112,14 +121,17 @@ def run(args) -> int:
     burst = tuning_burst(args.burst, max_prompt=512 if args.tiny else 2048, max_output=32 if args.tiny else 128)
 
     best, tuning = tune(mod, shape, args.device, configs, burst, model, budget_s=0.2 * args.budget_s)
+    # --tiny (the CPU end-to-end test): a small grid, so that the case gets most of the budget
+    grid = (dict(prefill_tokens=(0, 32, 128), decode_seqs=(0, 4), context_tokens=(32,), reps=2)
+            if args.tiny else {})
     profile = mod.step_profile(shape, args.device, model=model, block_size=best["block_size"],
-                               extra=best.get("extra"))
+                               extra=best.get("extra"), **grid)
     store.atomic_write(out / f"{tag}_step_profile.parquet", lambda p: profile.to_parquet(p, index=False))
     # Speed ratio: the simulator serves a decoding request one token per 1 ms; this engine needs
     # one step per token, and a step at a typical decode batch takes `decode_step_s`.
     decode = profile[(profile["prefill_tokens"] == 0) & (profile["decode_seqs"] > 0)]
     decode_step_s = float(decode["step_s"].median()) if len(decode) else 0.001
-    speed_ratio = 0.001 / decode_step_s
+    speed_ratio = args.speed_ratio or 0.001 / decode_step_s
     print(f"best config {best}; decode step {decode_step_s * 1e3:.2f} ms -> speed ratio {speed_ratio:.3g}",
           flush=True)
     meta = {"tag": tag, "device": args.device, "shape": shape.__dict__, "best_config": best,
@@ -129,8 +141,10 @@ def run(args) -> int:
     remaining = args.budget_s - (time.perf_counter() - t0)
     runs = run_case("transformers", n_per_source=args.windows_per_source, speed_ratio=speed_ratio,
                     bisection_steps=args.bisection_steps, time_budget_s=max(0.0, remaining * 0.9),
-                    tag=f"{tag}_case", data_dir=args.data_dir, shape=shape, device=args.device,
-                    model=model, **best)
+                    repetitions=args.repetitions, drift_tolerance=args.drift_tolerance,
+                    max_retries=args.max_retries, max_widenings=args.max_widenings,
+                    tag=f"{tag}_case", data_dir=args.data_dir,
+                    shape=shape, device=args.device, model=model, **best)
     print(f"done: {len(runs)} runs in {time.perf_counter() - t0:.0f} s -> {out}", flush=True)
     return 0
 

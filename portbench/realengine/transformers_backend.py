@@ -60,7 +60,7 @@ from ..metrics import run_span_s
 from ..policies._common import estimate
 from ..policies.slai_faithful import SLAI
 from ..workload import Window
-from . import ModelShape, environment, random_prompt, to_run_result
+from . import ModelShape, environment, probe_figures, probe_window, random_prompt, to_run_result
 
 try:  # the engine is an optional extra (pip install -e .[transformers])
     import torch
@@ -116,7 +116,8 @@ class PortbenchScheduler(FIFOScheduler):
         super().reset()
         self.states: dict[str, list] = {}   # request id -> every RequestState it had (soft resets add one)
         self.n_evictions = 0
-        self.step_log: list[tuple] = []     # (t, prefill_tokens, decode_seqs, context_tokens, n_requests, steady)
+        # (t, prefill_tokens, decode_seqs, context_tokens, n_requests, steady, schedule_s, running, waiting)
+        self.step_log: list[tuple] = []
         self._pending_after_last: set[str] = set()
 
     def bind(self, index_of: dict[str, int], keys: list, params: dict | None = None) -> None:
@@ -146,13 +147,16 @@ class PortbenchScheduler(FIFOScheduler):
         # i.e. some request still pending after the previous schedule is pending now.
         pending_now = self.active_requests.keys() | self.waiting_requests.keys()
         steady = bool(self._pending_after_last & pending_now)
+        n_run, n_wait = len(self.active_requests), len(self.waiting_requests)
+        ts = time.perf_counter()
         out = self._schedule(token_budget, cache_budget)
+        schedule_s = time.perf_counter() - ts          # the policy's own scheduling time
         batch = out[0]
         if batch:
             prefill = sum(fs.query_length for fs in batch if fs.state.request_id not in decoding)
             n_dec = sum(1 for fs in batch if fs.state.request_id in decoding)
             context = sum(fs.state.current_len() for fs in batch)
-            self.step_log.append((t, prefill, n_dec, context, len(batch), steady))
+            self.step_log.append((t, prefill, n_dec, context, len(batch), steady, schedule_s, n_run, n_wait))
         self._pending_after_last = set(self.active_requests) | set(self.waiting_requests)
         return out
 
@@ -433,7 +437,7 @@ def replay(window: Window, policy: str, *, shape: ModelShape = ModelShape(), dev
     result = result_from_engine(window, policy, ids, outputs, states, step_log, t0, n_steps, n_evictions)
 
     steps = pd.DataFrame(step_log, columns=["t_s", "prefill_tokens", "decode_seqs", "context_tokens",
-                                            "n_requests", "steady"])
+                                            "n_requests", "steady", "schedule_s", "running", "waiting"])
     if len(steps):
         steps["t_s"] -= t0
         nxt = steps["t_s"].shift(-1) - steps["t_s"]
@@ -454,6 +458,14 @@ def replay(window: Window, policy: str, *, shape: ModelShape = ModelShape(), dev
         "environment": environment(ENGINE, engine_version(), shape, str(device)),
     }
     return result, info
+
+
+def probe(policy: str = "fifo", **engine_kwargs) -> dict:
+    """The host probe: :func:`portbench.realengine.probe_window` (8 requests of 64 prompt and 32
+    output tokens, all at t = 0) replayed under ``policy`` with the case's engine settings (pass
+    ``model=`` to reuse a built model). Returns ``wall_s``, ``mean_step_s`` and ``n_steps``."""
+    _, info = replay(probe_window(), policy, **engine_kwargs)
+    return probe_figures(info)
 
 
 def _submit_and_collect(manager, prompts, ids, arrival, window, timeout_s):
@@ -504,8 +516,13 @@ def step_profile(shape: ModelShape = ModelShape(), device: str = "cpu", *,
     batch, forward + sampling, update), without the background thread; the engine's FIFO builds the
     batches. Columns: the grid point, ``rep``, the batch as the engine built it
     (``batch_prefill_tokens``, ``batch_decode_seqs``, ``batch_context_tokens`` = KV tokens before the
-    step summed over the batch, ``batch_requests``), ``forward_s`` (forward and sampling) and
-    ``step_s`` (the whole iteration). Uses the engine's private step methods (pinned 5.17.0).
+    step summed over the batch, ``batch_requests``), ``forward_s`` (forward and sampling),
+    ``step_s`` (the whole iteration), ``gap_s`` (from the end of the previous iteration to the start
+    of this one, less the time spent adding the step's prompt: the loop's own time) and
+    ``schedule_s`` (the scheduler's time). Uses the engine's private step methods (pinned 5.17.0).
+    The grid is the caller's: for the case's ranges pass prefill up to 2,560 tokens, up to 128
+    decoding sequences and contexts whose total (``decode_seqs × context_tokens``) reaches ~300k
+    tokens (the KV cache is sized to fit).
     """
     import pandas as pd
 
@@ -539,8 +556,13 @@ def step_profile(shape: ModelShape = ModelShape(), device: str = "cpu", *,
         sched = bp.scheduler
         queue = manager.output_router.output_queue
 
+        last_end = [None]
+        submitted = [0.0]
+
         def step():
             t = time.perf_counter()
+            gap = t - last_end[0] - submitted[0] if last_end[0] is not None else math.nan
+            submitted[0] = 0.0
             if not bp.prepare_next_batch():
                 return None
             log = sched.step_log[-1]
@@ -551,12 +573,15 @@ def step_profile(shape: ModelShape = ModelShape(), device: str = "cpu", *,
             tf = time.perf_counter() - tf
             bp.update_batch()
             sync()
-            return log, tf, time.perf_counter() - t
+            last_end[0] = time.perf_counter()
+            return log, tf, last_end[0] - t, gap
 
         def add(n_tokens, new_tokens):
             nonlocal counter
-            manager.add_request(random_prompt(n_tokens, shape.vocab_size, rng), request_id=f"prof_{counter}",
-                                max_new_tokens=new_tokens)
+            prompt = random_prompt(n_tokens, shape.vocab_size, rng)
+            t = time.perf_counter()
+            manager.add_request(prompt, request_id=f"prof_{counter}", max_new_tokens=new_tokens)
+            submitted[0] += time.perf_counter() - t
             counter += 1
 
         def clear():
@@ -568,6 +593,7 @@ def step_profile(shape: ModelShape = ModelShape(), device: str = "cpu", *,
                 queue.get_nowait()
 
         for d, c in points:
+            last_end[0] = None
             for _ in range(d):
                 add(c, max_new)
             for _ in range(10 * d * (c // max_batch_tokens + 2) + 10):
@@ -586,12 +612,13 @@ def step_profile(shape: ModelShape = ModelShape(), device: str = "cpu", *,
                     res = step()
                     if res is None:
                         raise RuntimeError(f"profile point p={p}, d={d}, c={c}: empty step")
-                    (_, b_pre, b_dec, b_ctx, b_n, _), fwd, total = res
+                    (_, b_pre, b_dec, b_ctx, b_n, _, sched_s, _, _), fwd, total, gap = res
                     if r >= 0:
                         rows.append({"prefill_tokens": p, "decode_seqs": d, "context_tokens": c, "rep": r,
                                      "batch_prefill_tokens": b_pre, "batch_decode_seqs": b_dec,
                                      "batch_context_tokens": b_ctx, "batch_requests": b_n,
-                                     "forward_s": fwd, "step_s": total})
+                                     "forward_s": fwd, "step_s": total, "gap_s": gap,
+                                     "schedule_s": sched_s})
             clear()
     finally:
         manager.batch_processor = None

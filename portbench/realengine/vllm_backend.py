@@ -12,7 +12,10 @@ one schedule + forward + update, its wall time is the engine step time, and the 
 3. stamp, at the end of the step, the first token and the finish of each request that produced them,
    and the admission (start of the step in which vLLM first scheduled it).
 
-Output lengths are checked exactly. vLLM's CPU backend binds threads and memory of the process that
+Every scheduler is instrumented (:func:`instrument_scheduler`: bookkeeping only): each step of the
+log ``info["steps"]`` has the time spent inside ``Scheduler.schedule`` (``schedule_s``; SLAI's
+subclass included), the queues it found and the batch it built (prefill tokens, decoding sequences,
+context tokens). Output lengths are checked exactly. vLLM's CPU backend binds threads and memory of the process that
 builds the engine, and builds may spawn helpers: call :func:`replay` from a script guarded by
 ``if __name__ == "__main__":``, or use :func:`replay_isolated`, which runs a list of replays in a
 fresh spawned process and returns their results.
@@ -27,7 +30,7 @@ lower = earlier, static per request, ties by arrival then id):
                            ``max_model_len = 2560`` and a request with prompt + output > 2560 is
                            **rejected** (never submitted, counted as not completed, listed in
                            ``info["rejected"]``) — where the study's v0.1.0 model instead let such a
-                           prompt block the queue head forever.
+                           prompt block the queue head forever. (See :data:`REFUSAL_RULE`.)
 ``edf``                    priority = deadline (µs)
 ``estimated_service_time_first`` priority = 2·est = prompt + 2·predicted output (same order as est)
 ``least_laxity_first``     priority = (deadline − est) in µs, the study's unit quirk kept (est in
@@ -57,12 +60,30 @@ from pathlib import Path
 
 import numpy as np
 
-from . import ModelShape, environment, random_prompt, to_run_result
+from . import ModelShape, environment, probe_figures, probe_window, random_prompt, to_run_result
 from ..metrics import run_span_s
 from ..policies._common import estimate
 from ..workload import Window
 
 ENGINE = "vllm"
+
+#: Which requests a replay refuses, and why (vLLM 0.32.0's source, ``site-packages/vllm/``):
+#:
+#: - ``config/scheduler.py`` lines 314–326 (``SchedulerConfig.verify_max_model_len``): with chunked
+#:   prefill off, ``max_num_batched_tokens < max_model_len`` is a configuration error, so
+#:   ``vllm_faithful`` (2,560-token budget, no chunking) runs with ``max_model_len = 2560``;
+#: - ``v1/engine/input_processor.py`` lines 557–602 (``_validate_prompt_len``, called at line 619):
+#:   a prompt longer than ``max_model_len`` is refused (``VLLMValidationError``), and so is one of
+#:   exactly ``max_model_len`` tokens (no room for one output token);
+#: - ``v1/core/sched/utils.py`` lines 98–119 (``check_stop``, called from ``scheduler.py`` line
+#:   2506): a request stops ``FINISHED_LENGTH_CAPPED`` once ``num_tokens >= max_model_len``, i.e. a
+#:   request with prompt + output > ``max_model_len`` would be served a *shortened* output.
+#:
+#: A replay must produce exactly the trace's output lengths, so :func:`replay` refuses up front every
+#: request with ``prompt + output > max_model_len`` (the first case included): never submitted,
+#: counted as not completed, listed in ``info["rejected"]``. The simulated counterpart of the
+#: sim-vs-real comparison applies the same rule (:func:`portbench.fidelity.real_refused`).
+REFUSAL_RULE = "prompt + output > max_model_len"
 
 
 
@@ -224,6 +245,7 @@ def get_engine(cfg: EngineConfig):
             SamplingParams(max_tokens=4, ignore_eos=True, detokenize=False))
     while engine.has_unfinished_requests():
         engine.step()
+    instrument_scheduler(_scheduler(engine))
     _ENGINES[cfg] = (engine, {"build_s": build_s})
     return _ENGINES[cfg]
 
@@ -239,6 +261,54 @@ def _scheduler(engine):
     """The engine core's scheduler when it runs in this process, else None."""
     core = getattr(engine.engine_core, "engine_core", None)
     return getattr(core, "scheduler", None)
+
+
+def instrument_scheduler(sched) -> None:
+    """Time every ``schedule`` call of this scheduler instance and describe the batch it built.
+
+    Wraps the instance's ``schedule`` (vLLM's FCFS/priority :class:`Scheduler` or the SLAI subclass
+    alike, so the time includes the subclass's own work); after each call ``sched._pb_last`` holds
+    ``schedule_s`` (wall time inside ``schedule``), the queue lengths it found (``waiting_before``,
+    ``running_before``) and the batch: ``prefill_tokens`` (tokens of requests still computing their
+    prompt, or recomputing after a preemption), ``decode_seqs`` (requests scheduled for one new token
+    after their first), ``context_tokens`` (tokens already computed by the scheduled requests, as
+    the engine model's C) and ``scheduled_seqs``. Bookkeeping only: the schedule is unchanged.
+    """
+    if sched is None or getattr(sched, "_pb_instrumented", False):
+        return
+    inner = sched.schedule
+    clock = time.perf_counter
+
+    def schedule(*args, **kwargs):
+        n_wait, n_run = len(sched.waiting), len(sched.running)
+        t = clock()
+        out = inner(*args, **kwargs)
+        dt = clock() - t
+        prefill = decodes = context = 0
+        requests = sched.requests
+        for rid, n_new in out.num_scheduled_tokens.items():
+            req = requests.get(rid)
+            if req is None:
+                continue
+            before = req.num_computed_tokens - n_new        # vLLM advances it inside schedule()
+            context += before
+            if n_new == 1 and req.num_output_tokens > 0 and before == req.num_tokens - 1:
+                decodes += 1
+            else:
+                prefill += n_new
+        sched._pb_last = {"schedule_s": dt, "waiting_before": n_wait, "running_before": n_run,
+                          "prefill_tokens": prefill, "decode_seqs": decodes, "context_tokens": context,
+                          "scheduled_seqs": len(out.num_scheduled_tokens)}
+        return out
+
+    sched.schedule = schedule
+    sched._pb_last = None
+    sched._pb_instrumented = True
+
+
+#: The per-step columns the instrumented scheduler adds to a replay's step log (NaN: no schedule call).
+SCHED_COLUMNS = ("schedule_s", "waiting_before", "running_before", "prefill_tokens", "decode_seqs",
+                 "context_tokens", "scheduled_seqs")
 
 
 def _kv_capacity_tokens(engine) -> int | None:
@@ -288,6 +358,7 @@ def replay(window: Window, policy: str, *, shape: ModelShape = ModelShape(),
     from vllm.sampling_params import RequestOutputKind
 
     sched = _scheduler(engine)
+    instrument_scheduler(sched)
     if spec.scheduler_cls:
         if sched is None or not hasattr(sched, "slai_reset"):
             raise RuntimeError("the SLAI scheduler is not reachable in this process")
@@ -314,7 +385,8 @@ def replay(window: Window, policy: str, *, shape: ModelShape = ModelShape(),
     produced = np.zeros(n, dtype=np.int64)
     preempt_seen: dict[int, int] = {}
     n_steps = 0
-    steps = {"start_s": [], "duration_s": [], "running": [], "waiting": []}
+    steps = {"start_s": [], "duration_s": [], "running": [], "waiting": [],
+             **{k: [] for k in SCHED_COLUMNS}}
     busy_s = 0.0
     submitted = 0
     i = 0
@@ -341,6 +413,8 @@ def replay(window: Window, policy: str, *, shape: ModelShape = ModelShape(),
                 engine.step()
             break
         if engine.has_unfinished_requests():
+            if sched is not None:
+                sched._pb_last = None
             ts = clock() - t0
             outs = engine.step()
             te = clock() - t0
@@ -348,6 +422,9 @@ def replay(window: Window, policy: str, *, shape: ModelShape = ModelShape(),
             busy_s += te - ts
             steps["start_s"].append(ts)
             steps["duration_s"].append(te - ts)
+            last = getattr(sched, "_pb_last", None) or {}
+            for key in SCHED_COLUMNS:
+                steps[key].append(last.get(key, math.nan))
             for o in outs:
                 k = ids.get(o.request_id)
                 if k is None:
@@ -357,9 +434,9 @@ def replay(window: Window, policy: str, *, shape: ModelShape = ModelShape(),
                     first[k] = te
                 if o.finished:
                     finish[k] = te
+            steps["running"].append(len(sched.running) if sched is not None else -1)
+            steps["waiting"].append(len(sched.waiting) if sched is not None else -1)
             if sched is not None:
-                steps["running"].append(len(sched.running))
-                steps["waiting"].append(len(sched.waiting))
                 for req in sched.running:
                     k = ids.get(req.request_id.rsplit("-", 1)[0])
                     if k is not None:
@@ -396,6 +473,8 @@ def replay(window: Window, policy: str, *, shape: ModelShape = ModelShape(),
         "kv_capacity_tokens": _kv_capacity_tokens(engine), "engine_build_s": built["build_s"],
         "wall_s": wall_s, "busy_s": busy_s, "n_steps": n_steps,
         "mean_step_ms": 1e3 * busy_s / n_steps if n_steps else math.nan,
+        "mean_schedule_ms": (1e3 * float(np.nanmean(steps["schedule_s"]))
+                             if n_steps and not np.all(np.isnan(steps["schedule_s"])) else math.nan),
         "generated_tokens": gen, "generated_tokens_per_s": gen / wall_s if wall_s > 0 else math.nan,
         "prompt_tokens": int(window.input_tokens[done].sum()),
         "completed": int(done.sum()), "submitted": submitted, "rejected": rejected,
@@ -409,6 +488,54 @@ def replay(window: Window, policy: str, *, shape: ModelShape = ModelShape(),
     return result, info
 
 
+def probe(policy: str = "fifo", **engine_kwargs) -> dict:
+    """The host probe: the fixed batch of :func:`portbench.realengine.probe_window` (8 requests of 64
+    prompt and 32 output tokens, all at t = 0) replayed on the engine ``policy`` runs on with these
+    settings (the cached, already built engine is reused). Returns ``wall_s``, ``mean_step_s`` and
+    ``n_steps``; the case compares the wall time with its reference to see a slow host."""
+    _, info = replay(probe_window(), policy, **engine_kwargs)
+    return probe_figures(info)
+
+
+def engine_outcomes(policy: str, requests, *, shape: ModelShape = ModelShape(), seed: int = 0,
+                    **engine_kwargs) -> list[dict]:
+    """What vLLM itself does with ``(prompt_tokens, max_tokens)`` requests on ``policy``'s engine,
+    submitted straight to it (bypassing :func:`replay`'s up-front refusal): per request
+    ``{"error": message}`` when vLLM refuses it at submission, else ``{"tokens": n, "capped": bool}``
+    (``capped``: fewer tokens than asked, the ``max_model_len`` stop). Checks :data:`REFUSAL_RULE`."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+    from vllm.sampling_params import RequestOutputKind
+
+    cfg = engine_config(policy, shape=shape, seed=seed, **engine_kwargs)
+    engine, _ = get_engine(cfg)
+    rng = np.random.default_rng(seed)
+    _COUNTER[0] += 1
+    tag = f"o{_COUNTER[0]}"
+    out: list[dict] = []
+    index = {}
+    for k, (p, m) in enumerate(requests):
+        rid = f"{tag}-{k}"
+        try:
+            engine.add_request(rid, TokensPrompt(prompt_token_ids=random_prompt(p, shape.vocab_size, rng)),
+                               SamplingParams(max_tokens=int(m), ignore_eos=True, detokenize=False,
+                                              output_kind=RequestOutputKind.DELTA))
+        except Exception as exc:       # vLLM's VLLMValidationError (a ValueError)
+            out.append({"error": f"{type(exc).__name__}: {exc}"[:300]})
+            continue
+        out.append({"tokens": 0, "capped": False})
+        index[rid] = k
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            k = index.get(o.request_id)
+            if k is not None:
+                out[k]["tokens"] += len(o.outputs[0].token_ids)
+    for k, (p, m) in enumerate(requests):
+        if "tokens" in out[k]:
+            out[k]["capped"] = out[k]["tokens"] < int(m)
+    return out
+
+
 # --------------------------------------------------------------------------------------------
 # step profile
 # --------------------------------------------------------------------------------------------
@@ -419,12 +546,22 @@ def step_profile(*, shape: ModelShape = ModelShape(), prefill_tokens=(0, 32, 128
                  kv_cache_gib: float = 1.0, seed: int = 0, enforce_eager: bool = True):
     """Engine step time against prefill tokens, decoding sequences and their context length.
 
-    For each grid point: ``decode_seqs`` requests with prompts of ``context_tokens`` are prefilled
-    and brought to decoding, then (``repeats`` times) one request with a prompt of
-    ``prefill_tokens`` is added and exactly one ``step()`` is timed, which runs that whole prompt and
-    one decode token per decoder (checked from the outputs). Returns a pandas DataFrame with one row
-    per timed step: ``prefill_tokens, decode_seqs, context_tokens, kv_context_tokens`` (tokens held
-    by the decoders when the step runs), ``batch_tokens`` and ``step_s``.
+    For each (``decode_seqs``, ``context_tokens``): that many requests with prompts of that length
+    are prefilled and brought to decoding; then, for each ``prefill_tokens`` in turn, ``repeats``
+    times, one request with a prompt of that size is added and exactly one ``step()`` is timed,
+    which runs that whole prompt and one decode token per decoder (checked from the outputs).
+    Returns a pandas DataFrame with one row per timed step: ``prefill_tokens, decode_seqs,
+    context_tokens, kv_context_tokens`` (tokens held by the decoders when the step runs),
+    ``batch_tokens``, ``step_s``, ``gap_s`` (from the end of the engine's previous step to the start
+    of this one, less ``submit_s``: the serving loop's own time between two steps), ``submit_s``
+    (``add_request`` of the step's prompt), ``schedule_s`` (time inside the scheduler's
+    ``schedule``) and ``clean``.
+
+    The defaults are small (tests). The case's ranges: prefill up to the 2,560-token budget (raise
+    ``max_num_batched_tokens`` to cover prefill + decoders), up to 128 decoding sequences, and
+    context up to ~300k tokens in all (``decode_seqs × context_tokens``; ``kv_cache_gib`` must hold
+    them — grid points that would not fit in the KV cache, or exceed the budget, sequence cap or
+    ``max_model_len``, are skipped and listed in ``df.attrs["skipped"]``).
     """
     import pandas as pd
     from vllm import SamplingParams
@@ -434,37 +571,67 @@ def step_profile(*, shape: ModelShape = ModelShape(), prefill_tokens=(0, 32, 128
     cfg = engine_config("fifo", shape=shape, max_num_batched_tokens=max_num_batched_tokens,
                         max_num_seqs=max_num_seqs, kv_cache_gib=kv_cache_gib, seed=seed, enforce_eager=enforce_eager)
     engine, _ = get_engine(cfg)
+    sched = _scheduler(engine)
+    instrument_scheduler(sched)
+    capacity = _kv_capacity_tokens(engine)
     rng = np.random.default_rng(seed)
-    rows = []
+    rows, skipped = [], []
     _COUNTER[0] += 1
     tag = f"p{_COUNTER[0]}"
+    clock = time.perf_counter
+    prefill_tokens = sorted({int(p) for p in prefill_tokens})
     for c in context_tokens:
         for d in decode_seqs:
+            # the decoders live through their own (chunked) prefill and the timed steps of every p
+            dec_tokens = -(-d * c // max_num_batched_tokens) + len(prefill_tokens) * repeats + 16
+            points = []
             for p in prefill_tokens:
                 if (p + d == 0 or p + d > max_num_batched_tokens or p + 1 > cfg.max_model_len
-                        or d + 1 > max_num_seqs):
-                    continue
-                dec_ids = [f"{tag}-d{c}-{d}-{p}-{j}" for j in range(d)]
-                for rid in dec_ids:
-                    engine.add_request(rid, TokensPrompt(prompt_token_ids=random_prompt(
-                        c, shape.vocab_size, rng)), SamplingParams(
-                        max_tokens=4 * repeats + 64, ignore_eos=True, detokenize=False,
-                        output_kind=RequestOutputKind.DELTA))
-                got = dict.fromkeys(dec_ids, 0)
-                while any(v == 0 for v in got.values()):      # prefill the decoders
-                    for o in engine.step():
-                        got[o.request_id] = got.get(o.request_id, 0) + len(o.outputs[0].token_ids)
+                        or d + 1 > max_num_seqs or c + dec_tokens > cfg.max_model_len):
+                    why = "budget, sequences or max_model_len"
+                else:
+                    need = d * (c + dec_tokens) + p + 16 * (d + 2)
+                    why = (f"needs ~{need} KV tokens of {capacity}"
+                           if capacity is not None and need > 0.95 * capacity else "")
+                if why:
+                    skipped.append({"context_tokens": c, "decode_seqs": d, "prefill_tokens": p, "why": why})
+                else:
+                    points.append(p)
+            if not points:
+                continue
+            # d decoders with c-token prompts, prefilled (untimed) until every one decodes, then
+            # kept decoding through the timed steps of every prefill size
+            dec_ids = [f"{tag}-d{c}-{d}-{j}" for j in range(d)]
+            for rid in dec_ids:
+                engine.add_request(rid, TokensPrompt(prompt_token_ids=random_prompt(
+                    c, shape.vocab_size, rng)), SamplingParams(
+                    max_tokens=dec_tokens, ignore_eos=True, detokenize=False,
+                    output_kind=RequestOutputKind.DELTA))
+            got = dict.fromkeys(dec_ids, 0)
+            last_end = None
+            while any(v == 0 for v in got.values()):      # prefill the decoders
+                for o in engine.step():
+                    got[o.request_id] = got.get(o.request_id, 0) + len(o.outputs[0].token_ids)
+                last_end = clock()
+            for p in points:
                 for r in range(repeats):
                     pid = f"{tag}-p{c}-{d}-{p}-{r}"
+                    prompt = random_prompt(p, shape.vocab_size, rng) if p else None
+                    t_sub = clock()
                     if p:
-                        engine.add_request(pid, TokensPrompt(prompt_token_ids=random_prompt(
-                            p, shape.vocab_size, rng)), SamplingParams(
+                        engine.add_request(pid, TokensPrompt(prompt_token_ids=prompt), SamplingParams(
                             max_tokens=1, ignore_eos=True, detokenize=False,
                             output_kind=RequestOutputKind.DELTA))
+                    submit = clock() - t_sub
                     kv = sum(c + got[rid] for rid in dec_ids)
-                    t = time.perf_counter()
+                    if sched is not None:
+                        sched._pb_last = None
+                    t = clock()
                     outs = engine.step()
-                    dt = time.perf_counter() - t
+                    t_end = clock()
+                    gap = t - last_end - submit if last_end is not None else math.nan
+                    last_end = t_end
+                    last = getattr(sched, "_pb_last", None) or {}
                     new = {o.request_id: len(o.outputs[0].token_ids) for o in outs}
                     clean = all(new.get(rid, 0) == 1 for rid in dec_ids) and (
                         not p or new.get(pid, 0) == 1)
@@ -472,12 +639,17 @@ def step_profile(*, shape: ModelShape = ModelShape(), prefill_tokens=(0, 32, 128
                         got[rid] += new.get(rid, 0)
                     rows.append({"context_tokens": c, "decode_seqs": d, "prefill_tokens": p,
                                  "kv_context_tokens": kv, "batch_tokens": p + d, "repeat": r,
-                                 "step_s": dt, "clean": clean})
-                if dec_ids:
-                    engine.abort_request(dec_ids)
-                while engine.has_unfinished_requests():
-                    engine.step()
-    return pd.DataFrame(rows)
+                                 "step_s": t_end - t, "gap_s": gap, "submit_s": submit,
+                                 "schedule_s": last.get("schedule_s", math.nan), "clean": clean})
+            if dec_ids:
+                engine.abort_request(dec_ids)
+            while engine.has_unfinished_requests():
+                engine.step()
+    df = pd.DataFrame(rows)
+    df.attrs.update({"engine": ENGINE, "kv_capacity_tokens": capacity, "skipped": skipped,
+                     "max_num_batched_tokens": int(max_num_batched_tokens),
+                     "max_num_seqs": int(max_num_seqs)})
+    return df
 
 
 # --------------------------------------------------------------------------------------------
@@ -491,6 +663,10 @@ def _run_jobs(jobs):
             out.append(replay(*args, **kwargs))
         elif kind == "step_profile":
             out.append(step_profile(*args, **kwargs))
+        elif kind == "probe":
+            out.append(probe(*args, **kwargs))
+        elif kind == "engine_outcomes":
+            out.append(engine_outcomes(*args, **kwargs))
         else:
             raise ValueError(f"unknown job kind {kind!r}")
     close_engines()
@@ -500,8 +676,9 @@ def _run_jobs(jobs):
 def replay_isolated(jobs, timeout_s: float | None = None):
     """Run jobs in one fresh spawned process (engines reused between them) and return their results.
 
-    ``jobs`` is a list of ``("replay", args, kwargs)`` or ``("step_profile", (), kwargs)``; results
-    come back in order (``(RunResult, info)`` or a DataFrame). Keeps vLLM's thread and memory binding
+    ``jobs`` is a list of ``("replay", args, kwargs)``, ``("step_profile", (), kwargs)`` or
+    ``("probe", (policy,), kwargs)``; results come back in order (``(RunResult, info)``, a DataFrame
+    or a dict). Keeps vLLM's thread and memory binding
     and its environment variables out of the calling process.
     """
     import concurrent.futures
