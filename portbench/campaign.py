@@ -5,6 +5,11 @@ cells. Each finished task is written to a shard in the cache folder, atomically,
 hash of (window rows, engine config, policies, SLO multiplier, code fingerprint), so a campaign that
 is killed resumes where it stopped and a rerun reuses everything. Tasks run in-process, on local
 processes, or on a Dask cluster; a cell's result does not depend on where it ran.
+
+``CampaignConfig.prediction_error`` re-synthesises the windows' output-length predictions at another
+relative error (:func:`portbench.workload.with_prediction_error`; deadlines are kept). The study's
+0.2 keeps every key, path and table of the study's setting as it was; another level gets its own
+cache folder, shard keys and results file (``campaign_<engine>_prederr<e>.parquet``).
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ from .engine_v1 import VllmV1Model
 from .metrics import METRICS, cell_metrics
 from .policies import STUDY_POLICIES, make_policy
 from .regions import REGIONS, find_lambda_ref
-from .workload import BASE_SLO_MULTIPLIER, Window, scale, with_slo
+from .workload import (BASE_SLO_MULTIPLIER, PREDICTION_RELATIVE_ERROR, Window, check_prediction_error,
+                       scale, with_prediction_error, with_slo)
 
 #: Engine models by name (the campaign's ``engine_model`` parameter).
 ENGINE_MODELS = {"lssp": sim.LsspModel, "vllm_v1": VllmV1Model}
@@ -34,7 +40,7 @@ ENGINE_MODELS = {"lssp": sim.LsspModel, "vllm_v1": VllmV1Model}
 _RESULT_MODULES = ("sim.py", "engine_v1.py", "workload.py", "metrics.py", "regions.py", "policies")
 
 IDENTITY_COLUMNS = ["source", "window_id", "region", "region_factor", "lambda_ref", "load_factor",
-                    "policy", "slo_multiplier", "engine_model"]
+                    "policy", "slo_multiplier", "prediction_error", "engine_model"]
 DIAGNOSTIC_COLUMNS = ["n_completed", "n_dropped", "n_unfinished", "n_preemptions", "n_steps"]
 RESULT_COLUMNS = IDENTITY_COLUMNS + list(METRICS) + DIAGNOSTIC_COLUMNS + ["cell_key"]
 
@@ -48,7 +54,15 @@ def engine_model(name: str):
 
 @dataclasses.dataclass(frozen=True)
 class CampaignConfig:
-    """What to simulate. ``window_ids=None`` means every window in the store."""
+    """What to simulate. ``window_ids=None`` means every window in the store.
+
+    ``prediction_error``: relative error of the output-length predictions the cells' policies see
+    (the study's 0.2 = the frozen predictions). λ_ref is always calibrated on the frozen window: the
+    study's FIFO reads no prediction and deadlines do not change with the error level, so its knee
+    (and so every region's load) is the same at every level, and only the policies' information
+    differs between two levels. (With a prediction-reading ``calibration_policy`` the regions stay
+    those of the study's predictions, on purpose.)
+    """
 
     engine_model: str = "lssp"
     policies: tuple = STUDY_POLICIES
@@ -56,9 +70,11 @@ class CampaignConfig:
     slo_multipliers: tuple = (10.0, BASE_SLO_MULTIPLIER, 40.0)   # the base SLO and its sensitivity
     window_ids: tuple | None = None
     calibration_policy: str = "fifo"
+    prediction_error: float = PREDICTION_RELATIVE_ERROR
 
     def __post_init__(self):
         engine_model(self.engine_model)
+        object.__setattr__(self, "prediction_error", check_prediction_error(self.prediction_error))
         for p in self.policies:
             make_policy(p)
         for r in self.regions:
@@ -94,6 +110,8 @@ def shard_key(window: Window, config: CampaignConfig, slo_multiplier: float, fin
         "slo_multiplier": float(slo_multiplier),
         "code": fingerprint,
     }
+    if config.prediction_error != PREDICTION_RELATIVE_ERROR:    # the study's keys stay as they were
+        payload["prediction_error"] = config.prediction_error
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
@@ -106,12 +124,14 @@ def run_window(window: Window, config: CampaignConfig, slo_multiplier: float, fi
     """Simulate one window's (region, policy) cells under one SLO multiplier; one row per cell.
 
     λ_ref is found under the base SLO when not given (the study keeps the primary load factors for
-    its SLO variants); the cells then run with deadlines for ``slo_multiplier``.
+    its SLO variants); the cells then run with deadlines for ``slo_multiplier`` and predictions at
+    ``config.prediction_error`` (deadlines kept: they are the requests' SLOs).
     """
     model = engine_model(config.engine_model)
     key = shard_key(window, config, slo_multiplier, fingerprint)
     lam = lambda_ref if lambda_ref is not None else calibrate(window, config).lambda_ref
     variant = window if slo_multiplier == window.slo_multiplier else with_slo(window, slo_multiplier)
+    variant = with_prediction_error(variant, config.prediction_error)
     if cells is None:
         cells = [(r, p) for r in config.regions for p in config.policies]
     rows = []
@@ -127,7 +147,7 @@ def run_window(window: Window, config: CampaignConfig, slo_multiplier: float, fi
             "source": window.source, "window_id": window.window_id, "region": region,
             "region_factor": factor, "lambda_ref": lam, "load_factor": factor * lam,
             "policy": policy, "slo_multiplier": float(slo_multiplier),
-            "engine_model": config.engine_model,
+            "prediction_error": config.prediction_error, "engine_model": config.engine_model,
             **cell_metrics(result),
             "n_completed": n_done, "n_dropped": n_never, "n_unfinished": len(window) - n_done - n_never,
             "n_preemptions": result.n_preemptions, "n_steps": result.n_steps,
@@ -148,12 +168,23 @@ def results_dir(data_dir: Path | None = None) -> Path:
     return Path(data_dir or store.default_data_dir()) / "results"
 
 
-def results_path(engine: str, data_dir: Path | None = None) -> Path:
-    return results_dir(data_dir) / f"campaign_{engine}.parquet"
+def _prediction_suffix(prediction_error: float) -> str:
+    """'' for the study's prediction error, '_prederr<e>' for another level."""
+    e = check_prediction_error(prediction_error)
+    return "" if e == PREDICTION_RELATIVE_ERROR else f"_prederr{e:g}"
 
 
-def cache_dir(engine: str, data_dir: Path | None = None) -> Path:
-    return results_dir(data_dir) / "cache" / engine
+def results_path(engine: str, data_dir: Path | None = None,
+                 prediction_error: float = PREDICTION_RELATIVE_ERROR) -> Path:
+    """``campaign_<engine>.parquet``; ``campaign_<engine>_prederr<e>.parquet`` at another error level."""
+    return results_dir(data_dir) / f"campaign_{engine}{_prediction_suffix(prediction_error)}.parquet"
+
+
+def cache_dir(engine: str, data_dir: Path | None = None,
+              prediction_error: float = PREDICTION_RELATIVE_ERROR) -> Path:
+    """Shards of one engine (one folder per prediction-error level, so that no level's clean-up of
+    stale shards touches another's)."""
+    return results_dir(data_dir) / "cache" / f"{engine}{_prediction_suffix(prediction_error)}"
 
 
 @dataclasses.dataclass
@@ -188,15 +219,17 @@ def _read_shard(path: Path) -> pd.DataFrame | None:
     if not path.exists():
         return None
     try:
-        return pd.read_parquet(path)
+        frame = pd.read_parquet(path)
     except Exception:            # a foreign or damaged file: recompute rather than trust it
         return None
+    return frame if set(RESULT_COLUMNS) <= set(frame.columns) else None   # an older layout
 
 
 def run_campaign(config: CampaignConfig | None = None, *, data_dir: Path | None = None,
                  executor: str = "local", workers: int | None = None, address: str | None = None,
                  progress: bool = True, output: Path | None = None) -> CampaignSummary:
-    """Run (or resume) a campaign and write its table to ``data/results/campaign_<engine>.parquet``.
+    """Run (or resume) a campaign and write its table to ``data/results/campaign_<engine>.parquet``
+    (:func:`results_path`: another prediction-error level gets its own file).
 
     ``executor``: ``"local"`` (processes; ``workers=1`` runs in this process) or ``"dask"``
     (``address`` of a scheduler, or a ``LocalCluster`` with ``workers`` processes when omitted).
@@ -207,7 +240,7 @@ def run_campaign(config: CampaignConfig | None = None, *, data_dir: Path | None 
     t0 = time.perf_counter()
     windows = store.load_windows(data_dir, window_ids=config.window_ids)
     fingerprint = code_fingerprint()
-    cdir = cache_dir(config.engine_model, data_dir)
+    cdir = cache_dir(config.engine_model, data_dir, config.prediction_error)
     wanted = [(r, p) for r in config.regions for p in config.policies]
     done: dict[tuple[str, float], pd.DataFrame] = {}
     keys: dict[tuple[str, float], str] = {}
@@ -248,27 +281,31 @@ def run_campaign(config: CampaignConfig | None = None, *, data_dir: Path | None 
         bar.close()
 
     table = assemble(done.values(), config)
-    path = Path(output) if output else results_path(config.engine_model, data_dir)
+    path = Path(output) if output else results_path(config.engine_model, data_dir, config.prediction_error)
     store.atomic_write(path, lambda p: table.to_parquet(p, index=False))
     stamp = campaign_stamp(config, {w.window_id: w.meta.get("sha256", "") for w in windows}, fingerprint)
     store.atomic_write(path.with_suffix(".json"),
                        lambda p: p.write_text(json.dumps(stamp, indent=1, sort_keys=True) + "\n"))
-    write_lambda_table(table, windows, path.parent / f"lambda_ref_{config.engine_model}.csv")
+    write_lambda_table(table, windows, path.parent / f"lambda_ref_{config.engine_model}"
+                                                     f"{_prediction_suffix(config.prediction_error)}.csv")
     return CampaignSummary(len(table), n_new_cells, n_reused, len(windows),
                            time.perf_counter() - t0, path, table)
 
 
 def campaign_stamp(config: CampaignConfig, window_sha256: dict, fingerprint: str) -> dict:
     """What a results table was computed from: config, window checksums, code fingerprint."""
-    return {"engine_model": config.engine_model, "policies": list(config.policies),
-            "regions": list(config.regions), "slo_multipliers": [float(m) for m in config.slo_multipliers],
-            "calibration_policy": config.calibration_policy, "code_fingerprint": fingerprint,
-            "windows": dict(window_sha256)}
+    stamp = {"engine_model": config.engine_model, "policies": list(config.policies),
+             "regions": list(config.regions), "slo_multipliers": [float(m) for m in config.slo_multipliers],
+             "calibration_policy": config.calibration_policy, "code_fingerprint": fingerprint,
+             "windows": dict(window_sha256)}
+    if config.prediction_error != PREDICTION_RELATIVE_ERROR:    # the study's stamps stay as they were
+        stamp["prediction_error"] = config.prediction_error
+    return stamp
 
 
 def results_are_current(config: CampaignConfig, data_dir: Path | None = None) -> bool:
     """True when the results table on disk was made by this code from these windows and config."""
-    path = results_path(config.engine_model, data_dir)
+    path = results_path(config.engine_model, data_dir, config.prediction_error)
     stamp_path = path.with_suffix(".json")
     if not path.exists() or not stamp_path.exists():
         return False
@@ -347,9 +384,10 @@ def write_lambda_table(table: pd.DataFrame, windows, path: Path) -> pd.DataFrame
     return frame
 
 
-def load_results(engine: str = "lssp", data_dir: Path | None = None) -> pd.DataFrame:
+def load_results(engine: str = "lssp", data_dir: Path | None = None,
+                 prediction_error: float = PREDICTION_RELATIVE_ERROR) -> pd.DataFrame:
     """The campaign table written by :func:`run_campaign` (run ``portbench campaign`` first)."""
-    path = results_path(engine, data_dir)
+    path = results_path(engine, data_dir, prediction_error)
     if not path.exists():
         raise FileNotFoundError(f"no campaign results at {path}: run `portbench campaign` first")
     return pd.read_parquet(path)

@@ -8,8 +8,9 @@ import argparse
 def _campaign(args) -> int:
     from . import store
     from .campaign import CampaignConfig, results_are_current, results_path, run_campaign
-    from .policies import STUDY_POLICIES
+    from .policies import EXTENDED_PANEL, STUDY_POLICIES
     from .regions import REGIONS
+    from .workload import PREDICTION_RELATIVE_ERROR
 
     window_ids = args.windows
     if args.source:
@@ -19,21 +20,49 @@ def _campaign(args) -> int:
         manifest = store.list_windows(args.data_dir)
         manifest = manifest[manifest["window_id"].isin(window_ids)] if window_ids else manifest
         window_ids = (manifest.groupby("source", sort=True).head(args.limit_windows)["window_id"].tolist())
-    config = CampaignConfig(
+    if args.policy_module:
+        _import_policy_modules(args.policy_module)
+    panel = {"study": STUDY_POLICIES, "extended": EXTENDED_PANEL}[args.panel]
+    errors = args.prediction_error or [PREDICTION_RELATIVE_ERROR]
+    if args.output and len(errors) > 1:
+        raise ValueError("--output takes one table: give one --prediction-error with it")
+    configs = [CampaignConfig(
         engine_model=args.engine_model,
-        policies=tuple(args.policies or STUDY_POLICIES),
+        policies=tuple(args.policies or panel),
         regions=tuple(args.regions or REGIONS),
         slo_multipliers=tuple(args.slo_multipliers or CampaignConfig.slo_multipliers),
-        window_ids=tuple(window_ids) if window_ids else None)
-    if not args.force and not args.output and results_are_current(config, args.data_dir):
-        print(f"{results_path(config.engine_model, args.data_dir)} is up to date with this code, these "
-              f"windows and this configuration: nothing to do (--force recomputes)")
-        return 0
-    summary = run_campaign(config, data_dir=args.data_dir, executor=args.executor,
-                           workers=args.workers, address=args.address, progress=not args.quiet,
-                           output=args.output)
-    print(summary.line())
+        window_ids=tuple(window_ids) if window_ids else None,
+        prediction_error=err) for err in errors]           # every value is checked before any runs
+    for config in configs:
+        path = results_path(config.engine_model, args.data_dir, config.prediction_error)
+        if not args.force and not args.output and results_are_current(config, args.data_dir):
+            print(f"{path} is up to date with this code, these windows and this configuration: "
+                  f"nothing to do (--force recomputes)")
+            continue
+        summary = run_campaign(config, data_dir=args.data_dir, executor=args.executor,
+                               workers=args.workers, address=args.address, progress=not args.quiet,
+                               output=args.output)
+        print(summary.line())
     return 0
+
+
+#: The prediction-error levels of RQ7's sweep besides the study's 0.2.
+RQ7_PREDICTION_ERRORS = (0.0, 0.5, 1.0)
+
+
+def _import_policy_modules(paths) -> None:
+    """Import policy files given on the command line, so that their @register runs (worker processes
+    started by fork inherit them; on a Dask cluster the module must be importable on the workers)."""
+    import importlib.util
+    from pathlib import Path
+
+    for path in paths:
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"--policy-module {path}: no such file")
+        spec = importlib.util.spec_from_file_location(f"portbench_user_policy_{path.stem}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
 
 
 def _calibrate(args) -> int:
@@ -78,6 +107,7 @@ def _book(args) -> int:
 
     from . import book
     from .campaign import CampaignConfig, results_are_current, run_campaign
+    from .policies import EXTENDED_PANEL
 
     # Every parameter is checked against the notebooks' parameters cells before anything runs.
     try:
@@ -96,12 +126,18 @@ def _book(args) -> int:
         return 2
     engine = plan[next(iter(plan))]["engine_model"]
     if not args.skip_campaign:
-        config = CampaignConfig(engine_model=engine)
-        if results_are_current(config, args.data_dir):
-            print("campaign results are up to date: reusing them")
-        else:
-            print("running the campaign (cached windows are reused) ...")
-            print(run_campaign(config, data_dir=args.data_dir, progress=not args.quiet).line())
+        # the book's campaigns: the extended panel (the study's 13 and RQ7's six) under the three SLOs,
+        # and RQ7's prediction-error sweep at the base SLO
+        configs = [CampaignConfig(engine_model=engine, policies=EXTENDED_PANEL)] + [
+            CampaignConfig(engine_model=engine, policies=EXTENDED_PANEL, slo_multipliers=(20.0,),
+                           prediction_error=err) for err in RQ7_PREDICTION_ERRORS]
+        for config in configs:
+            if results_are_current(config, args.data_dir):
+                print(f"campaign results (prediction error {config.prediction_error:g}) are up to date: "
+                      "reusing them")
+            else:
+                print("running the campaign (cached windows are reused) ...")
+                print(run_campaign(config, data_dir=args.data_dir, progress=not args.quiet).line())
     t0 = time.perf_counter()
     index = book.build_book(params, notebooks=args.notebooks, strict=args.strict,
                             progress=not args.quiet,
@@ -136,7 +172,15 @@ def register(sub) -> None:
                     "rerun reuses them and a killed run resumes.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--engine-model", default="lssp", help="engine model")
-    p.add_argument("--policies", nargs="+", help="policy ids (default: the study's 13)")
+    p.add_argument("--policies", nargs="+", help="policy ids (default: the --panel)")
+    p.add_argument("--panel", choices=["study", "extended"], default="extended",
+                   help="extended: the study's 13 policies and today's six engine schedulers (RQ7), as "
+                        "the book's tables hold; study: the 13 only")
+    p.add_argument("--prediction-error", nargs="+", type=float, metavar="E",
+                   help="relative error of the output-length predictions, one campaign per value "
+                        "(default 0.2, the study's; others go to campaign_<engine>_prederr<E>.parquet)")
+    p.add_argument("--policy-module", nargs="+", metavar="FILE",
+                   help="Python files defining policies with @register (your own scheduler)")
     p.add_argument("--regions", nargs="+", help="operating regions (default: all six)")
     p.add_argument("--slo-multipliers", nargs="+", type=float, help="SLO multipliers (default: 10 20 40; 20 is the study's base)")
     p.add_argument("--windows", nargs="+", help="window ids (default: all)")

@@ -3,7 +3,8 @@
 A window is an independent episode of consecutive requests that starts from an empty engine at
 its own t = 0. Arrivals are in seconds at the trace's own rate (time scale 1). Compressing a window
 by a factor ``s`` (``scale``) divides every inter-arrival gap *and* every request's SLO slack by
-``s``, as the study's load calibration does.
+``s``, as the study's load calibration does. ``with_prediction_error`` re-draws the predicted
+output lengths at another error level than the study's 20% (deadlines kept).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ DECODE_S_PER_TOKEN = 0.02
 #: Relative error of the synthetic output-length predictions, and their upper clip (the study's).
 PREDICTION_RELATIVE_ERROR = 0.20
 MAX_PREDICTED_OUTPUT_TOKENS = 4096
+#: The largest relative error :func:`with_prediction_error` accepts (500%: log-normal σ ≈ 1.80).
+MAX_PREDICTION_RELATIVE_ERROR = 5.0
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -155,3 +158,43 @@ def synthesize_predictions(output_tokens, *, seed: int,
     rng = np.random.default_rng(seed)
     noise = np.exp(rng.normal(0.0, sigma, size=output_tokens.shape))
     return np.clip(np.rint(output_tokens * noise), 1, MAX_PREDICTED_OUTPUT_TOKENS).astype(np.int64)
+
+
+def check_prediction_error(relative_error) -> float:
+    """``relative_error`` as a float in [0, MAX_PREDICTION_RELATIVE_ERROR]; ValueError naming it otherwise."""
+    try:
+        value = float(relative_error)
+    except (TypeError, ValueError):
+        raise ValueError(f"prediction relative error must be a number, got {relative_error!r}") from None
+    if isinstance(relative_error, bool) or not 0.0 <= value <= MAX_PREDICTION_RELATIVE_ERROR:
+        raise ValueError(f"prediction relative error must be in [0, {MAX_PREDICTION_RELATIVE_ERROR:g}] "
+                         f"(0.2 = the study's 20%), got {relative_error!r}")
+    return value
+
+
+def with_prediction_error(window: Window, relative_error: float, *, seed: int | None = None) -> Window:
+    """The window with its predicted output lengths re-synthesised at ``relative_error``.
+
+    The same seeded draw as the study's (:func:`synthesize_predictions` with the window's own
+    ``synthesis_seed`` from its metadata, or ``seed``), only with another error level: at the
+    study's 0.2 the window is returned unchanged (its frozen predictions, bit for bit), at 0 the
+    predictions are the true lengths (clipped to [1, 4096] as the study clips). The same standard
+    normal draws are scaled by σ = sqrt(ln(1 + e²)), so the levels are nested: each request's noise
+    keeps its sign and only grows with the level.
+
+    Deadlines are kept: an SLO is a property of the request (the study's deadline, built from its
+    20% prediction), not of the predictor, so only what prediction-aware policies see changes.
+    Apply :func:`with_slo` *before* this (it rebuilds deadlines from the predictions it finds);
+    scaling commutes with it.
+    """
+    error = check_prediction_error(relative_error)
+    if error == PREDICTION_RELATIVE_ERROR and seed is None:
+        return window
+    if seed is None:
+        seed = window.meta.get("synthesis_seed")
+        if seed is None or seed != seed:
+            raise ValueError(f"window {window.window_id}: no synthesis_seed in its metadata to "
+                             "re-synthesise predictions with; pass seed=")
+    predicted = synthesize_predictions(window.output_tokens, seed=int(seed), relative_error=error)
+    return dataclasses.replace(window, predicted_output_tokens=predicted,
+                               meta={**window.meta, "prediction_relative_error": error})

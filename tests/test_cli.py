@@ -36,3 +36,29 @@ def test_pipe_into_head_ends_quietly(command):
     done = subprocess.run(["sh", "-c", line], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert _quiet(done.stderr), done.stderr
     assert done.returncode == 0 and len(done.stdout.splitlines()) == 1
+
+
+def test_campaign_runs_a_policy_from_a_file(tmp_path):
+    """`portbench campaign --policy-module FILE --policies ID`: your own scheduler, no package edit."""
+    import pandas as pd
+
+    from portbench.cli import main
+
+    module = tmp_path / "my_policy.py"
+    module.write_text(
+        "from portbench.policies import register\n"
+        "from portbench.sim import Decision, Policy\n\n"
+        "@register\n"
+        "class NewestFirst(Policy):\n"
+        "    name = 'newest_first_cli_test'\n"
+        "    admission_only = True\n\n"
+        "    def schedule(self, view):\n"
+        "        return Decision(admit=sorted(view.waiting, reverse=True))\n")
+    out = tmp_path / "table.parquet"
+    rc = main(["campaign", "--policy-module", str(module), "--policies", "newest_first_cli_test",
+               "--limit-windows", "1", "--regions", "KNEE", "--slo-multipliers", "20", "--workers", "1",
+               "--output", str(out), "--quiet"])
+    assert rc == 0
+    table = pd.read_parquet(out)
+    assert set(table["policy"]) == {"newest_first_cli_test"} and len(table) == 3
+    assert table["anwg"].between(0, 1).all()

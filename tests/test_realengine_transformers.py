@@ -129,3 +129,8 @@ def test_probe_replays_the_fixed_batch():
         assert set(p) == {"wall_s", "mean_step_s", "n_steps"}
         assert 0 < p["wall_s"] < 30 and p["n_steps"] >= 32          # 32 output tokens a request
         assert 0 < p["mean_step_s"] < p["wall_s"]
+
+
+def test_an_oracle_policy_is_refused_on_a_real_engine():
+    with pytest.raises(ValueError, match="srpt_oracle.*oracle.*true output lengths"):
+        tb.scheduler_type("srpt_oracle")

@@ -21,6 +21,10 @@ PRIMARY_PANEL = (
 )
 ROBUSTNESS_PANEL = ("vllm_style_token_budget", "scorpio_style_slo_guard")
 STUDY_POLICIES = PRIMARY_PANEL + ROBUSTNESS_PANEL
+#: RQ7: today's engine schedulers (not in the study); ``srpt_oracle`` is a clairvoyant bound.
+RQ7_POLICIES = ("vllm_priority", "sjf_aging", "short_request_first", "fastserve_mlfq", "las",
+                "srpt_oracle")
+EXTENDED_PANEL = STUDY_POLICIES + RQ7_POLICIES
 
 
 def register(cls: type[Policy]) -> type[Policy]:

@@ -105,3 +105,12 @@ def environment(engine: str, engine_version: str, shape: ModelShape, device: str
             "device": device, "hardware": platform.processor() or platform.machine(),
             "platform": platform.platform(), "python": platform.python_version(),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+
+
+def refuse_oracles(policy: str) -> None:
+    """A policy that reads the true output lengths (``needs_true_lengths``) runs in the simulator
+    only: no real engine knows them."""
+    from ..policies import make_policy
+    if getattr(type(make_policy(policy)), "needs_true_lengths", False):
+        raise ValueError(f"policy {policy!r} is an oracle: it reads the true output lengths, which no "
+                         "real engine knows; it runs in the simulator only")

@@ -60,7 +60,8 @@ from ..metrics import run_span_s
 from ..policies._common import estimate
 from ..policies.slai_faithful import SLAI
 from ..workload import Window
-from . import ModelShape, environment, probe_figures, probe_window, random_prompt, to_run_result
+from . import (ModelShape, environment, probe_figures, probe_window, random_prompt, refuse_oracles,
+               to_run_result)
 
 try:  # the engine is an optional extra (pip install -e .[transformers])
     import torch
@@ -308,6 +309,7 @@ def result_from_engine(window: Window, policy: str, ids, outputs, states, step_l
 
 def scheduler_type(policy: str) -> str:
     """The engine's ``scheduler_type`` for a study policy; KeyError naming the supported ones."""
+    refuse_oracles(policy)
     if policy not in POLICIES:
         raise KeyError(f"policy {policy!r} is not supported on the transformers engine; "
                        f"supported: {', '.join(POLICIES)}")

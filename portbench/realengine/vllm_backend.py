@@ -60,7 +60,8 @@ from pathlib import Path
 
 import numpy as np
 
-from . import ModelShape, environment, probe_figures, probe_window, random_prompt, to_run_result
+from . import (ModelShape, environment, probe_figures, probe_window, random_prompt, refuse_oracles,
+               to_run_result)
 from ..metrics import run_span_s
 from ..policies._common import estimate
 from ..workload import Window
@@ -138,6 +139,7 @@ POLICIES: dict[str, PolicySpec] = {
 
 
 def policy_spec(policy: str) -> PolicySpec:
+    refuse_oracles(policy)
     try:
         return POLICIES[policy]
     except KeyError:

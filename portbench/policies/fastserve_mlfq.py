@@ -1,0 +1,186 @@
+"""``fastserve_mlfq``: FastServe's skip-join multi-level feedback queue, preemptive.
+
+Design followed: FastServe (Wu et al., "Fast Distributed Inference Serving for Large Language
+Models", arXiv 2305.05920; ``MLFQ`` in LLMServe/FastServe ``fastserve/scheduler.py``) and the vLLM v1
+MLFQ proposal (PR #25567, ``vllm/v1/core/sched/mlfq_request_queue.py``):
+
+- **levels and quanta**: level ``k`` (0 = highest priority) has a quantum of
+  ``base_quantum * quantum_ratio**k`` tokens; FastServe's ratio is 2 and its level count is
+  unbounded (queues are added on demand; ``num_levels`` caps it, vLLM's PR uses 6). FastServe's base
+  quantum is 10 ms of execution, about one decode iteration on its GPUs; the vLLM PR counts one
+  iteration: ``base_quantum = 1`` token;
+- **skip-join**: a request joins the highest level whose quantum covers its first iteration:
+  FastServe's rule (the smallest ``k`` with ``quantum(k) >= prefill cost``) with the prefill cost
+  counted as ``prompt / skip_join_base`` base quanta (the vLLM PR's ``skip_join_base = 128``
+  tokens): prompts up to 128 tokens join level 0, up to 256 level 1, and so on;
+- **demotion**: a running request that has generated a level's quantum of tokens there moves one
+  level down (FastServe; the vLLM PR skips two);
+- **starvation**: a waiting request not served for ``starvation_s`` (FastServe: 3 s since its last
+  iteration) is promoted to level 0 (FastServe checks every 1000 iterations; here at once). It goes
+  to the front of the queue but evicts only what its level before the promotion could (until it
+  runs again): with the engines' recompute preemption, evicting from level 0 makes starving long
+  requests evict one another forever under ``lssp`` (each eviction drops the tokens generated),
+  where FastServe's swapping keeps them;
+- **preemptive**: the order is (level, running before waiting, arrival); a waiting request that does
+  not fit evicts running requests of strictly lower level, the lowest first, when that makes it fit
+  (the walk of :func:`~portbench.policies.vllm_priority.admit_by_key`).
+  FastServe rebuilds the batch each iteration and swaps evicted KV to host memory; here eviction is
+  the engines' recompute preemption (``lssp`` drops the generated tokens), a much dearer move.
+
+A preempted request keeps its level and starts a fresh quantum when it runs again. Misfits are
+skipped under ``lssp`` and stop admission under ``vllm_v1``, as for every study policy.
+
+Timers: demotions count tokens, so levels are caught up exactly from ``view.decoded`` at each call;
+a demotion changes a decision only when it takes a running request below the level a waiting
+request evicts from (it becomes evictable): the decision's ``wake_after_steps`` is the fewest tokens
+any running request needs for that (one token per step at most, so never late). A starvation
+promotion needs no timer: it changes only the order of the queue, which matters only at steps where
+something can be admitted, and those follow an event; the promotion is applied at the next call
+(``now`` past the threshold), with the same result.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..sim import NEVER, Decision, Policy
+from . import register
+from .vllm_priority import WaitingOrder, admit_by_key, arrival_rank, ranked_key
+
+
+#: Levels tracked when ``num_levels`` is None (quanta past 2**60 tokens are never used up).
+_TOP_LEVEL = 64
+_NO_END = float(2 ** 62)
+
+
+@register
+class FastServeMlfq(Policy):
+    """Skip-join MLFQ (FastServe): token quanta doubling per level, starvation promotion, eviction."""
+
+    name = "fastserve_mlfq"
+
+    def __init__(self, base_quantum: int = 1, quantum_ratio: float = 2.0, skip_join_base: int = 128,
+                 num_levels: int | None = None, starvation_s: float = 3.0):
+        if not (int(base_quantum) == base_quantum and base_quantum >= 1):
+            raise ValueError(f"fastserve_mlfq: base_quantum must be a whole number of tokens >= 1, "
+                             f"got {base_quantum!r}")
+        if not quantum_ratio > 1:
+            raise ValueError(f"fastserve_mlfq: quantum_ratio must be > 1 (quanta grow with the "
+                             f"level), got {quantum_ratio!r}")
+        if not (int(skip_join_base) == skip_join_base and skip_join_base >= 1):
+            raise ValueError(f"fastserve_mlfq: skip_join_base must be a token count >= 1, "
+                             f"got {skip_join_base!r}")
+        if num_levels is not None and not (int(num_levels) == num_levels and num_levels >= 1):
+            raise ValueError(f"fastserve_mlfq: num_levels must be None (unbounded) or >= 1, "
+                             f"got {num_levels!r}")
+        if not starvation_s > 0:
+            raise ValueError(f"fastserve_mlfq: starvation_s must be positive (math.inf: never "
+                             f"promote), got {starvation_s!r}")
+        self.base_quantum = int(base_quantum)
+        self.quantum_ratio = float(quantum_ratio)
+        self.skip_join_base = int(skip_join_base)
+        self.num_levels = None if num_levels is None else int(num_levels)
+        self.starvation_s = float(starvation_s)
+
+    def quantum(self, level: int) -> int:
+        """Tokens a request generates at ``level`` before it is demoted."""
+        return max(1, int(self.base_quantum * self.quantum_ratio ** level))
+
+    def join_level(self, prompt: int) -> int:
+        """Skip-join: the smallest level whose quantum covers ``prompt / skip_join_base`` quanta."""
+        need = -(-int(prompt) // self.skip_join_base)           # prefill cost in base quanta
+        level = 0
+        while self.quantum(level) < need * self.base_quantum:
+            level += 1
+        return level if self.num_levels is None else min(level, self.num_levels - 1)
+
+    def reset(self, view):
+        n = view.n_requests
+        # Quanta add up: a request that joined level k has reached level L after
+        # tokens_to_level[L] - tokens_to_level[k] tokens (the last level, if capped, never ends).
+        top = self.num_levels if self.num_levels is not None else _TOP_LEVEL
+        q = [self.quantum(x) for x in range(top - 1)] + [_NO_END]
+        self._to_level = np.concatenate(([0], np.cumsum(q, dtype=np.float64)))
+        prompts = view.input_tokens.tolist()
+        self.level = np.array([min(self.join_level(p), top - 1) for p in prompts], dtype=np.int64)
+        self.evict_level = self.level.copy()     # = level, but kept through a starvation promotion
+        self.anchor = np.zeros(n, dtype=np.int64)            # decoded when the current level began
+        self.last_served_s = np.array(view.arrival_s, dtype=np.float64)
+        self._prev_running: tuple = ()
+        self._tie = arrival_rank(view)
+        self._waiting = WaitingOrder()      # waiting levels change only by promotion
+        # No waiting request can starve before this time (a lower bound; see schedule).
+        self._starve_from = -math.inf
+        self._last_now = -math.inf
+
+    def schedule(self, view):
+        dec = view.decoded
+        now = view.now
+        level, anchor, to_level = self.level, self.anchor, self._to_level
+        running = view.running
+        # Requests that ran at the last call and no longer do were evicted (or finished): a fresh
+        # quantum at their level, and their wait for service starts now.
+        starvation = self.starvation_s
+        # Requests that arrived since the last call did so after it: they starve after
+        # last call + starvation_s at the earliest.
+        self._starve_from = min(self._starve_from, self._last_now + starvation)
+        self._last_now = now
+        if self._prev_running:
+            now_running = set(running)
+            for i in self._prev_running:
+                if i not in now_running:
+                    anchor[i] = dec[i]
+                    self.last_served_s[i] = now
+                    self._starve_from = min(self._starve_from, now + starvation)
+        self._prev_running = running
+        # demotions, caught up from the tokens generated since each level began
+        r = np.fromiter(running, dtype=np.int64, count=len(running))
+        if len(r):
+            lv = level[r]
+            base = to_level[lv]
+            new = np.searchsorted(to_level, base + (dec[r] - anchor[r]), side="right") - 1
+            anchor[r] += (to_level[new] - base).astype(np.int64)
+            level[r] = new
+            self.evict_level[r] = new
+        tie = self._tie
+        key = lambda ids, nw: ranked_key(level[ids], ids, nw, tie)    # noqa: E731
+        # (level, running before waiting, arrival): a request evicts only from lower levels
+        # a request promoted for starvation evicts only from the level it had before
+        evict_level = self.evict_level
+        evict_key = lambda ids: ranked_key(evict_level[ids], ids, len(ids), tie)   # noqa: E731
+        w = self._waiting.get(view, key, evict_key).ids
+        if len(w) and now >= self._starve_from:
+            late = w[level[w] > 0]
+            since = self.last_served_s[late]
+            starving = late[now - since >= starvation]
+            self._starve_from = float((since[now - since < starvation]).min(initial=math.inf)) + starvation
+            if len(starving):
+                level[starving] = 0
+                anchor[starving] = dec[starving]
+                self._waiting.rekey(starving, key, evict_key)
+        admit, preempt = admit_by_key(view, key, evict_key, decoded=dec, cache=self._waiting)
+        wake = NEVER
+        if len(w) and len(r):
+            wake = self._next_crossing(r, np.flatnonzero(np.bincount(evict_level[w])), dec)
+        return Decision(admit=admit, preempt=preempt, wake_after_steps=wake)
+
+    def _next_crossing(self, r, waiting_levels, dec) -> float:
+        """Fewest tokens a running request must generate to drop below the level a waiting request
+        evicts from, where it is not yet (then it becomes evictable by that request)."""
+        lv = self.level[r]
+        k = np.searchsorted(waiting_levels, lv)           # first waiting level >= its level
+        ok = k < len(waiting_levels)
+        if not ok.any():
+            return NEVER
+        target = waiting_levels[k[ok]] + 1                 # the level to reach
+        lv = lv[ok]
+        fits = target < len(self._to_level) - 1
+        if not fits.any():
+            return NEVER
+        lv, target = lv[fits], target[fits]
+        served = dec[r[ok][fits]] - self.anchor[r[ok][fits]]
+        tokens = self._to_level[target] - self._to_level[lv] - served
+        tokens = float(tokens.min())
+        return max(1.0, tokens) if tokens < _NO_END else NEVER
