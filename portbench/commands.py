@@ -91,11 +91,12 @@ def _calibrate(args) -> int:
 def _policies(args) -> int:
     import sys
 
-    from .policies import PRIMARY_PANEL, ROBUSTNESS_PANEL, available, make_policy
+    from .policies import PRIMARY_PANEL, ROBUSTNESS_PANEL, RQ7_POLICIES, available, make_policy
     for name in available():
         doc = sys.modules[type(make_policy(name)).__module__].__doc__ or ""
         summary = doc.strip().splitlines()[0] if doc.strip() else ""
-        panel = "primary" if name in PRIMARY_PANEL else "robustness" if name in ROBUSTNESS_PANEL else "extra"
+        panel = ("primary" if name in PRIMARY_PANEL else "robustness" if name in ROBUSTNESS_PANEL
+                 else "rq7" if name in RQ7_POLICIES else "extra")
         print(f"{name:32s} {panel:10s} {summary}")
     return 0
 
