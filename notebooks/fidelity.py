@@ -41,6 +41,16 @@ real_engine_tag = "vllm_cpu"  # real-engine run whose step profile and case resu
 # 3. **Is the study's headline reversal a simulator artifact?** `vllm_faithful` admits prompts whole
 #    against a 2,560-token budget and closes the queue at the first misfit, so one prompt above the
 #    budget at the head blocks everything behind it. We ablate that rule.
+#
+# **Definitions shared by both engine models** (since the policy interface's second version): a run
+# ends 50 s after its last arrival on both models (the study's 50,000 steps of 1 ms; the `vllm_v1`
+# model used to run 50,000 of its own, longer steps, at least 288 s); a preempted request keeps its
+# first admission and first-token times; the span behind the throughputs is the start of the last
+# executed step, on the simulator and on both real backends. Recomputed under these rules, every
+# `vllm_v1` cell keeps its completions, latencies and ANWG; only request and token throughput (and the
+# step count) move, in the 1,698 cells where some requests are never admitted (`vllm_faithful`'s
+# head-of-line stall, 1,350; `scorpio_style_slo_guard`'s expired requests, 348), because there the
+# run lasts until the drain bound and the span with it.
 
 # %%
 from pathlib import Path

@@ -33,7 +33,8 @@ FIGURES_DIR = BOOK_DIR / "figures"
 
 #: Notebooks in book order (file stem).
 NOTEBOOKS = ("workload", "rq1_cross_source", "rq2_reversals", "rq3_cross_metric", "rq4_regions_slo",
-             "rq5_sample_complexity", "rq6_real_engine", "fidelity", "comparison", "add_your_scheduler")
+             "rq5_sample_complexity", "rq6_real_engine", "fidelity", "rq7_engine_schedulers", "comparison",
+             "add_your_scheduler")
 
 #: Parameters every notebook accepts, with the book's defaults.
 COMMON_PARAMETERS = {"results_path": "", "engine_model": "lssp", "n_resamples": 2000, "seed": 0,
