@@ -7,6 +7,11 @@ end in trace time, compressed by ``--scale``, served FCFS (vLLM's default) by th
 model; the same run walked step by step must give identical results.
 
     python benchmarks/bench_vs_vidur.py [--scale 0.5] [--windows 100] [--no-reference]
+    python benchmarks/bench_vs_vidur.py --table [--repeats 3]     # every registered policy, side by side
+
+``--table`` times every registered policy (or ``--policies``) in one process, ``--repeats`` times
+each, interleaved with FCFS, and prints the median, the spread (min–max) and the ratio to FCFS
+measured in the same rounds — on a shared machine the ratio is the figure to trust.
 """
 
 import argparse
@@ -41,7 +46,12 @@ def main():
     ap.add_argument("--scale", type=float, default=0.5, help="arrival compression of the trace")
     ap.add_argument("--policy", default="fifo")
     ap.add_argument("--no-reference", action="store_true", help="skip the step-by-step check")
+    ap.add_argument("--table", action="store_true", help="every policy side by side (no reference)")
+    ap.add_argument("--policies", nargs="+", help="with --table: these policies (default: all)")
+    ap.add_argument("--repeats", type=int, default=3, help="with --table: rounds per policy")
     args = ap.parse_args()
+    if args.table:
+        return table(args)
 
     trace = scale(long_trace(args.windows), args.scale)
     model = VllmV1Model()
@@ -70,6 +80,36 @@ def main():
                    for f in ("admit_s", "first_token_s", "finish_s")) and fast.n_steps == slow.n_steps
         print(f"step-by-step reference   {ref_wall:.2f} s ({n / ref_wall:,.0f} requests/s); "
               f"identical request by request: {same}")
+
+
+def table(args):
+    from portbench.policies import available
+
+    trace = scale(long_trace(args.windows), args.scale)
+    model = VllmV1Model()
+    names = args.policies or available()
+    for name in set(names) | {"fifo"}:             # compiled loops and imports, once
+        sim.simulate(scale(long_trace(1), args.scale), make_policy(name), model)
+
+    def timed(name):
+        t = time.perf_counter()
+        sim.simulate(trace, make_policy(name), model)
+        return time.perf_counter() - t
+
+    n = len(trace)
+    print(f"{n} requests (scale {args.scale}), vllm_v1, {args.repeats} rounds; each round times FCFS "
+          "and then the policy")
+    print(f"{'policy':32s} {'median s':>9s} {'spread s':>13s} {'req/s':>9s} {'x FCFS speed':>13s}")
+    for name in names:
+        walls, ratios = [], []
+        for _ in range(args.repeats):
+            base = timed("fifo")
+            wall = timed(name)
+            walls.append(wall)
+            ratios.append(base / wall)
+        w = float(np.median(walls))
+        print(f"{name:32s} {w:9.2f} {min(walls):6.2f}–{max(walls):<6.2f} {n / w:9,.0f} "
+              f"{float(np.median(ratios)):13.2f}")
 
 
 if __name__ == "__main__":
