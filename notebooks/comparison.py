@@ -569,6 +569,16 @@ def first_n(frame, column):
     return int(ok["n"].min()) if len(ok) else None
 
 
+def add_thresholds(section, item, rec, curve):
+    """The published first n meeting the exact / top-1 / top-3 recovery threshold, beside ours."""
+    add(FILE, section, item, "first_n_meeting_exact_threshold", rec["first_n_meeting_exact_threshold"],
+        first_n(curve, "p_full"), "subsample")
+    add(FILE, section, item, "first_n_meeting_topk_threshold 1", rec["first_n_meeting_topk_threshold"]["1"],
+        first_n(curve, "p_top1"), "subsample")
+    add(FILE, section, item, "first_n_meeting_topk_threshold 3", rec["first_n_meeting_topk_threshold"]["3"],
+        None, "top-3 recovery")
+
+
 recovery = {(s, m): stats.sample_complexity(table, m, s, pool_regions=True, direction_aware=False,
                                             policies=PRIMARY_PANEL).set_index("n")
             for s in sources for m in METRICS}
@@ -584,12 +594,7 @@ for rec in pub["primary_metric_rows"]:
         add(FILE, section, item, "p_topk_recovery 3", pt["p_topk_recovery"]["3"], None, "top-3 recovery")
     item = short(rec["source"])
     sc = sc.reset_index()
-    add(FILE, section, item, "first_n_meeting_exact_threshold", rec["first_n_meeting_exact_threshold"],
-        first_n(sc, "p_full"), "subsample")
-    add(FILE, section, item, "first_n_meeting_topk_threshold 1", rec["first_n_meeting_topk_threshold"]["1"],
-        first_n(sc, "p_top1"), "subsample")
-    add(FILE, section, item, "first_n_meeting_topk_threshold 3", rec["first_n_meeting_topk_threshold"]["3"],
-        None, "top-3 recovery")
+    add_thresholds(section, item, rec, sc)
     add(FILE, section, item, "reaches_0.9_exact_by_n40", rec["reaches_0.9_exact_by_n40"],
         bool(sc.loc[sc["n"] <= 40, "p_full"].max() >= recovery_threshold), "subsample")
 section = "concentrated vs spread"
@@ -602,12 +607,7 @@ for rec in pub["secondary_metric_thresholds"]:
     sc = recovery[(rec["source"], METRIC_NAMES[rec["metric"]])].reset_index()
     item = f"{short(rec['source'])} {rec['metric']}"
     curve_of[item] = sc
-    add(FILE, section, item, "first_n_meeting_exact_threshold", rec["first_n_meeting_exact_threshold"],
-        first_n(sc, "p_full"), "subsample")
-    add(FILE, section, item, "first_n_meeting_topk_threshold 1", rec["first_n_meeting_topk_threshold"]["1"],
-        first_n(sc, "p_top1"), "subsample")
-    add(FILE, section, item, "first_n_meeting_topk_threshold 3", rec["first_n_meeting_topk_threshold"]["3"],
-        None, "top-3 recovery")
+    add_thresholds(section, item, rec, sc)
 show(FILE)
 
 # %%
