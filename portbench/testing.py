@@ -34,14 +34,10 @@ def _step_of(engine, t: float, start: bool) -> int:
     if engine.model.fixed_steps:
         k = round(t / engine.model.step_s)
         return k if start else k - 1
-    starts = np.asarray(engine.step_starts_ps, dtype=np.float64) / sim_ps()
+    from .engine_v1 import PS
+    starts = np.asarray(engine.step_starts_ps, dtype=np.float64) / PS
     j = int(np.searchsorted(starts, t, side="left"))
     return j if start else j - 1
-
-
-def sim_ps() -> int:
-    from .engine_v1 import PS
-    return PS
 
 
 def first_difference(fast: RunResult, slow: RunResult, slow_engine=None) -> str | None:
