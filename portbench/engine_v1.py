@@ -312,6 +312,7 @@ class _V1Engine:
         self.n_preemptions = 0
         self._c = model.cost.picoseconds()
         self._kv = 0                    # Σ computed tokens over running requests
+        self.prev_kv_used = 0           # _kv at the start of the last executed step
         self._wait_heap: list[tuple[int, int]] = []   # (target, request) of waiting ones, and stale rows
         self._admission_only = getattr(policy, "admission_only", False)
         self._held = np.zeros(n, dtype=np.bool_)
@@ -414,6 +415,7 @@ class _V1Engine:
         st, running = self.st, self.running
         hold = d.hold if d is not None else ()
         preempted = False
+        kv_at_start = self._kv
         if d is not None and d.preempt:           # policy-directed preemption
             for i in d.preempt:
                 if i not in running:
@@ -488,6 +490,7 @@ class _V1Engine:
         # step time from the batch
         c0, cp, cd, cc, cg = self._c
         self.last_step_start_ps = self.t_ps
+        self.prev_kv_used = kv_at_start
         self.t_ps += c0 + cg + cp * prefill + cd * decodes + cc * context
         self.step += 1
         n_fin, freed, kv, mid_prefill = _advance(self._sched, n_sched, st, self.t_ps, self._finished)
@@ -571,6 +574,7 @@ class _V1Engine:
         D = len(self.running)
         C0 = self._kv
         self.last_step_start_ps = self.t_ps + self._span_ps(k - 1, D, C0)
+        self.prev_kv_used = C0 + D * (k - 1)     # each of the k steps computes one token per decoder
         self.t_ps += self._span_ps(k, D, C0)
         self.step += k
         n_fin, taken, kv = _decode_stretch(np.array(self.running, dtype=np.int64), self.st, k,
@@ -601,4 +605,5 @@ class _V1View(EngineView):
         super().refresh()
         self.now = self._engine.now
         self.prev_step_start_s = self._engine.last_step_start_ps / PS
+        self.prev_kv_used = self._engine.prev_kv_used
         return self

@@ -108,10 +108,15 @@ NOTHING = Decision()
 
 
 class EngineView:
-    """The read-only state a policy sees. Arrays are indexed by request id; do not modify them."""
+    """The read-only state a policy sees. Arrays are indexed by request id; do not modify them.
 
-    __slots__ = ("model", "step", "now", "prev_step_start_s", "waiting", "running", "arrival_s",
-                 "deadline_s", "input_tokens", "predicted_output_tokens", "priority", "_decoded",
+    The previous step (``prev_step_start_s``, ``prev_kv_used``: its start and the KV in use then) is
+    the one just before this call, whether the policy was asked at it or the engine skipped it: a
+    policy that let the engine skip steps reads what happened there instead of replaying them.
+    """
+
+    __slots__ = ("model", "step", "now", "prev_step_start_s", "prev_kv_used", "waiting", "running",
+                 "arrival_s", "deadline_s", "input_tokens", "predicted_output_tokens", "priority", "_decoded",
                  "kv_used", "n_requests", "refused", "_engine")
 
     def __init__(self, engine: "_Engine"):
@@ -129,6 +134,7 @@ class EngineView:
         self.step = e.step
         self.now = e.step * e.model.step_s
         self.prev_step_start_s = (e.step - 1) * e.model.step_s   # the step before (run or skipped)
+        self.prev_kv_used = e.prev_kv_used                        # KV in use when it started
         self.waiting = tuple(e.waiting)
         self.running = tuple(e.running)
         self._decoded = e.decoded
@@ -141,6 +147,13 @@ class EngineView:
         """Tokens produced so far, per request (an int64 array, indexed by request id)."""
         d = self._decoded
         return np.asarray(d, dtype=np.int64) if isinstance(d, list) else d
+
+    def decoded_of(self, ids) -> list:
+        """Tokens produced so far by each of ``ids`` (a list of ints; cheaper than ``decoded`` for a few)."""
+        d = self._decoded
+        if isinstance(d, list):
+            return [d[i] for i in ids]
+        return d[np.asarray(ids, dtype=np.int64)].tolist()
 
     @property
     def n_active(self) -> int:
@@ -243,6 +256,7 @@ class _Engine:
         self.waiting: list[int] = []
         self.running: list[int] = []
         self._kv_running = 0                # Σ (prompt + decoded) over running requests
+        self.prev_kv_used = 0               # KV in use at the start of the step before this one
         self.step = 0
         self.n_preemptions = 0
         self.refused: tuple = ()            # (request, reason) of the last decision's refused admissions
@@ -274,6 +288,7 @@ class _Engine:
                 decision = check_decision(self.policy, self.policy.schedule(view.refresh()))
             else:
                 decision = NOTHING
+            kv_at_start = self._kv_running
             admitted = self._apply(decision)
             # 3. decode, possibly over several steps at once. A decision that changed the engine's
             # state (an admission, a preemption, a hold) is an event: the policy is asked again next step.
@@ -284,13 +299,18 @@ class _Engine:
                 span = max(1, horizon - s)
             else:
                 span = 1
+            n_decoding = len(self.running) - len(decision.hold)
             self._decode(s, span, decision.hold)
+            # a stretch changes nothing but decoding: one token per running request per step
+            self.prev_kv_used = kv_at_start + (span - 1) * n_decoding
             self.step = s + span
             if last_step is not None and self.step > last_step:
                 break
             if not self.waiting and not self.running:
                 if next_arrival == n:
                     break
+                if self.visible[order[next_arrival]] > self.step:
+                    self.prev_kv_used = 0           # idle steps: nothing in use
                 self.step = max(self.step, self.visible[order[next_arrival]])
 
     def _next_event_step(self, decision, next_arrival, order) -> int:

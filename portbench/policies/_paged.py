@@ -6,9 +6,9 @@ shadow prefill left per request (always 0 for a policy that charges whole prompt
 Each call starts with :meth:`PagedPolicy._sync`, which brings that state up to the engine's:
 
 1. requests that left the engine (completed) are freed and forgotten;
-2. the steps the engine skipped since the last call are replayed (:meth:`~PagedPolicy._catch_up`):
-   a policy lets the engine skip only steps at which nothing could change, so by default every
-   request that appended a slot at the last call (``_kept``) appended one per skipped step;
+2. if the policy let the engine skip steps after its last call (:meth:`~PagedPolicy._let_skip`),
+   the bookings of the decoders it kept then follow the engine's own count of their tokens
+   (``view.decoded``): one slot per token decoded in the skipped steps;
 3. running requests the policy does not track are adopted (defensive; never fires in normal runs).
 
 Admission (:meth:`PagedPolicy._admit`) walks a queue in order and *closes* at the first request
@@ -49,7 +49,7 @@ class PagedPolicy(Policy):
         self._key = [(float(a), i) for i, a in enumerate(view.arrival_s)]   # arrival order
         self._rem: dict[int, int] = {}      # shadow prefill left, per tracked request
         self._last_step = None
-        self._kept: list[int] = []          # decoders that appended a slot at the last call
+        self._skip_from = None              # (kept decoders, their decoded counts) when skipping was let
 
     # --- reconciliation ------------------------------------------------------------------------
 
@@ -61,12 +61,6 @@ class PagedPolicy(Policy):
         """The tokens an adopted running request holds in the block manager."""
         return self._inp[r] + int(view.decoded[r])
 
-    def _catch_up(self, view, skipped: int) -> None:
-        """Replay ``skipped`` steps: each kept decoder appended one slot per step, none failing."""
-        for r in self._kept:
-            if r in self._rem:
-                self._bm.append_slot(r, skipped)
-
     def _sync(self, view) -> None:
         """Reconcile completions, replay the steps the engine skipped, adopt untracked requests."""
         bm, rem = self._bm, self._rem
@@ -74,14 +68,25 @@ class PagedPolicy(Policy):
         for r in [r for r in rem if r not in running]:
             bm.free(r)
             self._forget(r)
-        skipped = 0 if self._last_step is None else view.step - self._last_step - 1
-        if skipped > 0:
-            self._catch_up(view, skipped)
+        skip_from, self._skip_from = self._skip_from, None
+        if skip_from is not None and view.step - self._last_step > 1:
+            kept, decoded_then = skip_from
+            # the slot of the last call's own step was booked then; one more per token since
+            for r, d, d0 in zip(kept, view.decoded_of(kept), decoded_then):
+                if r in rem and d - d0 > 1:
+                    bm.append_slot(r, d - d0 - 1)
         for r in view.running:                # adopt (defensive; never fires in normal runs)
             if r not in rem:
                 bm.allocate(r, self._booked(view, r))
                 rem[r] = 0
         self._last_step = view.step
+
+    def _let_skip(self, view, kept: list) -> float:
+        """The timer of a call after which the engine may skip steps (nothing in flight but the
+        ``kept`` decoders, one slot each per step): the first step at which one of them would need a
+        block that is not there. Remembers their decoded counts for the next :meth:`_sync`."""
+        self._skip_from = (kept, view.decoded_of(kept))
+        return self._bm.steps_to_exhaustion(kept)
 
     # --- the step's pieces ---------------------------------------------------------------------
 
@@ -113,6 +118,12 @@ class PagedPolicy(Policy):
             used += chunk
         return used
 
+    def _book(self, admit: list, i: int, p: int, chunk: int, chunked: bool, extra_tokens: int) -> None:
+        """Admit ``i`` (prompt ``p``, first chunk ``chunk``): book its blocks, its prefill left."""
+        self._bm.allocate(i, p + extra_tokens)
+        self._rem[i] = p - chunk if chunked else 0
+        admit.append(i)
+
     def _admit(self, view, queue, *, budget: int, used: int, seqs: int, chunked: bool,
                extra_tokens: int = 0, skip=(), oversize_chunked: bool = False) -> Admission:
         """Walk ``queue`` in order from ``used`` budget tokens and ``seqs`` sequences already taken.
@@ -129,7 +140,7 @@ class PagedPolicy(Policy):
           as in the study);
         * else book ``p + extra_tokens`` tokens, leave ``p - chunk`` to prefill and count it.
         """
-        bm, rem, inp = self._bm, self._rem, self._inp
+        bm, inp = self._bm, self._inp
         active, kv = view.n_active, view.kv_used
         admit = []
         # most walks end within a few requests: those in Python, a long rest in numpy
@@ -154,9 +165,7 @@ class PagedPolicy(Policy):
                 return Admission(admit, used, "budget")
             if not fits(view, active, kv, p):
                 continue
-            bm.allocate(i, p + extra_tokens)
-            rem[i] = p - chunk if chunked else 0
-            admit.append(i)
+            self._book(admit, i, p, chunk, chunked, extra_tokens)
             used += chunk
             seqs += 1
             active += 1
@@ -173,7 +182,7 @@ class PagedPolicy(Policy):
         so far, ``used``, ``seqs``, ``active``, ``kv``), in numpy: between two admissions the state is fixed, so
         the next event — the first request that closes the walk or fits the engine's limits — is
         found for the whole rest of the queue at once. The same rules, in the same order."""
-        bm, rem = self._bm, self._rem
+        bm = self._bm
         m = view.model
         q = np.asarray(queue, dtype=np.int64)
         if skip:
@@ -201,9 +210,7 @@ class PagedPolicy(Policy):
                 return Admission(admit, used, "budget")
             i, pi = int(q[pos + j]), int(p[j])
             chunk = pi if w[j] else min(pi, budget - used)
-            bm.allocate(i, pi + extra_tokens)
-            rem[i] = pi - chunk if chunked else 0
-            admit.append(i)
+            self._book(admit, i, pi, chunk, chunked, extra_tokens)
             used += chunk
             seqs += 1
             active += 1

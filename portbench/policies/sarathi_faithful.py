@@ -38,11 +38,10 @@ class SarathiFaithful(PagedPolicy):
         # 2. admission in queue order
         admit = self._admit(view, view.waiting, budget=budget, used=used,
                             seqs=len(kept) + len(prefillers), chunked=True, skip=set(preempted)).admit
-        self._kept = kept
         if admit or preempted or prefillers or any(rem.values()):
             wake = 1
         else:
             # Skipped steps have no prefill in flight and no preemption: every decoder appends
             # one slot per step.
-            wake = self._bm.steps_to_exhaustion(kept)
+            wake = self._let_skip(view, kept)
         return Decision(admit=admit, preempt=preempted, wake_after_steps=wake)

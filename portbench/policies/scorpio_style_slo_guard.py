@@ -30,11 +30,15 @@ class ScorpioStyleSloGuard(Policy):
     7. walk with the hard limits; under guard at most ``max(1, int(b))`` admissions, each costing
        ``admission_cost`` credit (floored at 0).
 
-    The bucket persists across steps (``reset`` refills it). Steps skipped by the engine still
-    refill it when the queue was non-empty during them (the study calls the policy every step).
+    The bucket persists across steps (``reset`` refills it). The study calls the policy at every
+    step, so the bucket refills at every step in which requests wait; to keep that without replaying
+    skipped steps, the policy asks for the next step while requests wait and the bucket is below its
+    cap (at most ``ceil(max / refill)`` steps), and lets the engine skip only once it is full, when
+    further refills change nothing.
 
-    Timers (the decision's): the next step when the admission cap stopped the walk; otherwise the
-    time at which a request held back only by the long-decode filter gets ``lax < 0.5``.
+    Timers (the decision's): the next step when the admission cap stopped the walk or the bucket is
+    still filling; otherwise the time at which a request held back only by the long-decode filter
+    gets ``lax < 0.5``.
     Every other change with time (expiry, guard switching on, score drift) can only remove
     admissions when nothing arrives or completes.
 
@@ -76,8 +80,6 @@ class ScorpioStyleSloGuard(Policy):
 
     def _init_state(self):
         self.budget = self.admission_budget_max
-        self._last_step = None        # last step schedule() ran at
-        self._queue_left = False      # whether requests were left waiting after that step
 
     def reset(self, view):
         self._init_state()
@@ -86,15 +88,9 @@ class ScorpioStyleSloGuard(Policy):
     def _refill(self):
         self.budget = min(self.admission_budget_max, self.budget + self.admission_budget_refill)
 
-    def _catch_up(self, step):
-        """Refill for the steps the engine skipped since the last call (queue non-empty in them)."""
-        if self._last_step is None or not self._queue_left:
-            return
-        for _ in range(step - self._last_step - 1):
-            before = self.budget
-            self._refill()
-            if self.budget == before:     # at the cap (or a fixed point): further refills do nothing
-                break
+    def _filling(self) -> bool:
+        """Whether the next step's refill would change the bucket (so that step must be asked)."""
+        return min(self.admission_budget_max, self.budget + self.admission_budget_refill) != self.budget
 
     def _arrays(self, view):
         """Per-request constants in numpy (the same floating-point operations as the scalar
@@ -107,10 +103,6 @@ class ScorpioStyleSloGuard(Policy):
         self._long = view.predicted_output_tokens > self.long_decode_token_threshold
 
     def schedule(self, view):
-        s = view.step
-        self._catch_up(s)
-        self._last_step = s
-        self._queue_left = bool(view.waiting)
         if not view.waiting:
             return Decision()
         self._refill()
@@ -129,7 +121,7 @@ class ScorpioStyleSloGuard(Policy):
         keep = ~((lax_all < min_lax) | (slack - self._ttft_est[w] < min_ttft))
         cand, lax = w[keep], lax_all[keep]
         if not len(cand):
-            return Decision()
+            return Decision(wake_after_steps=1) if self._filling() else Decision()
         guard = (kv_p >= self.kv_utilization_threshold or dec_p >= self.decode_pressure_threshold
                  or queue_p >= self.queue_overload_factor
                  or sum(lax.tolist()) / len(lax) < 0.0)        # Python's left-to-right sum, as the study
@@ -151,11 +143,12 @@ class ScorpioStyleSloGuard(Policy):
         if guard:
             for _ in admitted:
                 self.budget = max(0.0, self.budget - self.admission_cost)
-        self._queue_left = len(view.waiting) > len(admitted)
-        if not self._queue_left:
+        if len(view.waiting) == len(admitted):
             return Decision(admit=admitted)
         if limit is not None and len(admitted) >= limit and len(admitted) < len(candidates):
             # the cap stopped the walk: more may fit next step
+            return Decision(admit=admitted, wake_after_steps=1)
+        if self._filling():
             return Decision(admit=admitted, wake_after_steps=1)
         return Decision(admit=admitted, wake_at_s=self._unlock_time(view, admitted, held))
 

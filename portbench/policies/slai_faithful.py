@@ -80,8 +80,6 @@ class SlaiFaithful(PagedPolicy):
         super().reset(view)
         self._max_kv = view.model.max_kv_tokens
         self._lst: dict[int, float] = {}    # last-schedule time of decoders
-        self._last_kv = 0                   # real KV at the start of the last call
-        self._last_active = 0               # running requests at the last call
         # With a TBT this short a served decoder could turn critical on the next step: walk every step.
         # the admission order, shortest prompt first then id, as one rank per request
         order = np.lexsort((np.arange(view.n_requests), view.input_tokens))
@@ -99,20 +97,18 @@ class SlaiFaithful(PagedPolicy):
     def _booked(self, view, r):
         return self._inp[r]                 # the block manager holds prompts only: no decode slots
 
-    def _catch_up(self, view, skipped):
-        # Skipped steps had no prefill, no admission and no hold: every decoder was served (and
-        # its LST refreshed) at each of them, and no request left before the last one. So the LST
-        # is as of the last skipped step, with Θ from the real KV at its start.
-        kv = self._last_kv + self._last_active * skipped
-        value = self.rule.last_schedule_time(view.prev_step_start_s, kv / self._max_kv)
-        lst = self._lst
-        for r in lst:
-            lst[r] = value
-
     def _sync(self, view):
+        skipped = self._last_step is not None and view.step - self._last_step > 1
         super()._sync(view)
-        self._last_kv = view.kv_used
-        self._last_active = view.n_active
+        if skipped:
+            # The policy let the engine skip steps only when nothing prefilled, nothing was admitted
+            # or held and no request left before the last of them: every decoder was served (and its
+            # LST refreshed) at each, so its LST is the one of the step just before this call, with
+            # Θ from the KV in use when that step started.
+            value = self.rule.last_schedule_time(view.prev_step_start_s, view.prev_kv_used / self._max_kv)
+            lst = self._lst
+            for r in lst:
+                lst[r] = value
 
     def schedule(self, view):
         self._sync(view)

@@ -63,11 +63,10 @@ class VllmChunkedPrefillFaithful(PagedPolicy):
         # 2. admission in queue order
         admit = self._admit(view, view.waiting, budget=budget, used=used, seqs=seqs, chunked=True,
                             skip=set(preempted)).admit
-        self._kept = kept
         if admit or preempted or prefilled or any(rem.values()):
             wake = 1
         else:
             # Skipped steps have no prefill in flight and no preemption: the same decoders are
             # scheduled at each of them, one slot each.
-            wake = self._bm.steps_to_exhaustion(kept)
+            wake = self._let_skip(view, kept)
         return Decision(admit=admit, preempt=preempted, wake_after_steps=wake)

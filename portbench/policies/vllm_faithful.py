@@ -47,12 +47,11 @@ class VllmFaithful(PagedPolicy):
         admit = self._admit(view, queue, budget=budget, used=len(kept), seqs=len(kept), chunked=False,
                             extra_tokens=1, skip=set(preempted),
                             oversize_chunked=self.oversize == "chunk").admit
-        self._kept = kept
         if admit or preempted:
             wake = 1
         else:
             # Budget, seqs and the queue are fixed until an event and free blocks only fall, so
             # the only timer is the first step at which a kept request needs a block that is not there.
             # Skipped steps are therefore ones where every kept request appended one slot.
-            wake = self._bm.steps_to_exhaustion(kept)
+            wake = self._let_skip(view, kept)
         return Decision(admit=admit, preempt=preempted, wake_after_steps=wake)
