@@ -44,7 +44,7 @@ $(VLLM_STAMP): pyproject.toml
 # Everything in .venv; then the vLLM replay tests in .venv-vllm (they skip in .venv).
 test: $(STAMP) $(VLLM_STAMP) browser
 	$(BIN)/python -m pytest -q
-	$(VLLM_VENV)/bin/python -m pytest -q tests/test_realengine_vllm.py
+	$(VLLM_VENV)/bin/python -m pytest -q tests/test_realengine_vllm.py tests/test_realengine_vllm_rq7.py
 
 # Headless Chromium reads the built book in tests/test_book_browser.py (driven over the DevTools
 # protocol with websocket-client, a dev extra). It is a system package: installed with apt-get when it

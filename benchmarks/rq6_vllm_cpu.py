@@ -53,17 +53,21 @@ SMALL_PROFILE = dict(prefill_tokens=(0, 64, 512), decode_seqs=(0, 4), context_to
 DEFAULT_RUN_S, PROBE_S, PREFILL_TOKENS_PER_S, STEP_S = 21.9, 0.25, 50_000.0, 0.05
 
 
+def progress_on_disk(out, tag: str, fresh: bool) -> tuple[int, int]:
+    """(runs done, real-engine λ_ref searches done) of case ``tag`` (0, 0 when starting fresh)."""
+    runs_path, meta_path = out / f"{tag}_case_runs.parquet", out / f"{tag}_case.json"
+    if fresh:
+        return 0, 0
+    done = len(pd.read_parquet(runs_path)) if runs_path.exists() else 0
+    cal_done = len(json.loads(meta_path.read_text()).get("lambda_ref_real", {})) if meta_path.exists() else 0
+    return done, cal_done
+
+
 def plan(args, out, tag, grid):
     """Runs to do and an estimated duration (s), from earlier runs on disk where there are any."""
     n_windows = 3 * args.windows_per_source
     n_runs = n_windows * len(CASE_POLICIES) * args.repetitions
-    done, cal_done = 0, 0
-    runs_path = out / f"{tag}_case_runs.parquet"
-    meta_path = out / f"{tag}_case.json"
-    if runs_path.exists() and not args.fresh:
-        done = len(pd.read_parquet(runs_path))
-    if meta_path.exists() and not args.fresh:
-        cal_done = len(json.loads(meta_path.read_text()).get("lambda_ref_real", {}))
+    done, cal_done = progress_on_disk(out, tag, args.fresh)
     walls = []
     for path in (out / f"{tag}_case_attempts.parquet", out / "vllm_cpu_case_runs.parquet"):
         if path.exists():
@@ -91,9 +95,9 @@ def plan(args, out, tag, grid):
     return est
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--windows-per-source", type=int, default=8)
+def case_arguments(ap, *, windows_per_source: int, tag: str) -> None:
+    """The options every guarded real-engine case script shares (this one and ``rq7_vllm_cpu.py``)."""
+    ap.add_argument("--windows-per-source", type=int, default=windows_per_source)
     ap.add_argument("--repetitions", type=int, default=2)
     ap.add_argument("--bisection-steps", type=int, default=3)
     ap.add_argument("--bracket-factor", type=float, default=8.0)
@@ -102,13 +106,26 @@ def main():
     ap.add_argument("--retry-wait-s", type=float, default=20.0,
                     help="pause before re-running a run the host guard rejected")
     ap.add_argument("--speed-ratio", type=float, default=None,
-                    help="override the profile's speed ratio (brackets the λ_ref search)")
+                    help="override the speed ratio that brackets the λ_ref search")
     ap.add_argument("--budget-s", type=float, default=None,
-                    help="stop (resumably) after this many seconds; default: run to the end")
-    ap.add_argument("--tag", default="vllm_cpu_guarded")
+                    help="stop (resumably) after about this many seconds; the case checks it before each "
+                         "run, so it can overrun by one run and its λ_ref search; default: run to the end")
+    ap.add_argument("--tag", default=tag)
     ap.add_argument("--fresh", action="store_true", help="start over instead of resuming")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and its estimate only")
     ap.add_argument("--data-dir", default=None, help="the data folder (default: the repository's)")
+
+
+def done_line(runs, expected: int, seconds: float) -> str:
+    """The closing line of a guarded case script: runs done, host-flagged, whether to resume."""
+    n_flag = int(runs["host_flagged"].sum()) if "host_flagged" in runs else 0
+    return (f"{len(runs)}/{expected} runs ({n_flag} host-flagged) in {seconds:.0f} s"
+            + ("" if len(runs) >= expected else " — restart the same command to resume"))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    case_arguments(ap, windows_per_source=8, tag="vllm_cpu_guarded")
     ap.add_argument("--small-profile", action="store_true", help="a small profile grid (smoke tests)")
     args = ap.parse_args()
 
@@ -188,10 +205,7 @@ def main():
         indent=1)))
     print(f"refit: {cost} (median error {err:.1%}); by range:", flush=True)
     print(by_range.to_string(index=False), flush=True)
-    n_flag = int(runs["host_flagged"].sum()) if "host_flagged" in runs else 0
-    expected = est["runs_total"]
-    print(f"{len(runs)}/{expected} runs ({n_flag} host-flagged) in {time.perf_counter() - t0:.0f} s"
-          + ("" if len(runs) >= expected else " — restart the same command to resume"), flush=True)
+    print(done_line(runs, est["runs_total"], time.perf_counter() - t0), flush=True)
 
 
 if __name__ == "__main__":

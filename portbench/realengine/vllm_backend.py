@@ -39,7 +39,22 @@ lower = earlier, static per request, ties by arrival then id):
 ``slai_faithful``          :class:`~portbench.realengine.vllm_slai_scheduler.SlaiScheduler`
                            (``scheduler_cls``), priority scheduling, 512-token budget, chunked
                            prefill, 128 seqs
+``vllm_priority``          vLLM's own priority scheduling, priority = deadline (µs): the same
+                           engine settings as ``edf``. The simulator's ``vllm_priority`` also lets
+                           a waiting request evict lower priorities (vLLM v0's rule); vLLM v1 has
+                           no such preemption, so here it only evicts on KV exhaustion, the lowest
+                           priority first
+``sjf_aging``              :class:`~portbench.realengine.vllm_sjf_scheduler.SjfAgingScheduler`
+                           (``scheduler_cls``), FCFS queue re-sorted by the simulator policy's
+                           score (predicted output length + wait-time aging) before every step;
+                           the predicted lengths reach it through ``PolicySpec.request_fields``
 ========================== =================================================================
+
+A policy with a ``scheduler_cls`` may name ``request_fields``: :class:`~portbench.workload.Window`
+arrays its scheduler needs per request. Before submitting anything, :func:`replay` calls the
+scheduler's ``begin_replay({request_id: {field: value}})``; after the replay, the scheduler's
+``stats`` (when it has them) and its module's ``GAPS`` go to ``info["scheduler_stats"]`` and
+``info["scheduler_gaps"]`` (``slai_stats`` / ``slai_gaps`` for SLAI).
 
 Differences from the simulated policies: vLLM's admission is head-of-line (a waiting request that does
 not fit stops admission; the simulator's simple policies skip it and go on); vLLM preempts by
@@ -50,6 +65,7 @@ are random; the traces carry no contents).
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import math
 import os
@@ -98,6 +114,7 @@ class PolicySpec:
     enable_chunked_prefill: bool = True
     scheduler_cls: str | None = None
     priority: str | None = None                # key into _PRIORITY, None = 0 for all
+    request_fields: tuple[str, ...] = ()       # Window arrays handed to scheduler_cls per request
     description: str = ""
 
 
@@ -135,6 +152,15 @@ POLICIES: dict[str, PolicySpec] = {
                                 scheduler_cls="portbench.realengine.vllm_slai_scheduler.SlaiScheduler",
                                 description="SLAI scheduler subclass: critical decodes first, "
                                             "shortest-prompt-first admission, decode holds"),
+    "vllm_priority": PolicySpec("priority", priority="deadline",
+                                description="vLLM v1 priority scheduling, priority = SLO deadline "
+                                            "(the same mapping as edf); no waiting-triggered "
+                                            "preemption (vLLM v1 has none)"),
+    "sjf_aging": PolicySpec("fcfs", scheduler_cls="portbench.realengine.vllm_sjf_scheduler.SjfAgingScheduler",
+                            request_fields=("predicted_output_tokens",),
+                            description="SJF-with-aging scheduler subclass: the waiting queue "
+                                        "re-sorted every step by the simulator's sjf_aging score "
+                                        "(predicted output length + real-clock wait)"),
 }
 
 
@@ -361,9 +387,10 @@ def replay(window: Window, policy: str, *, shape: ModelShape = ModelShape(),
 
     sched = _scheduler(engine)
     instrument_scheduler(sched)
-    if spec.scheduler_cls:
-        if sched is None or not hasattr(sched, "slai_reset"):
-            raise RuntimeError("the SLAI scheduler is not reachable in this process")
+    if spec.scheduler_cls and (sched is None or f"{type(sched).__module__}.{type(sched).__qualname__}"
+                               != spec.scheduler_cls):
+        raise RuntimeError(f"the scheduler {spec.scheduler_cls} is not reachable in this process")
+    if hasattr(sched, "slai_configure"):
         sched.slai_configure(**(slai_params or {}))
     elif slai_params:
         raise ValueError("slai_params only apply to slai_faithful")
@@ -381,6 +408,9 @@ def replay(window: Window, policy: str, *, shape: ModelShape = ModelShape(),
     _COUNTER[0] += 1
     tag = f"r{_COUNTER[0]}"
     ids = {f"{tag}-{i}": i for i in range(n)}
+    if spec.request_fields:
+        fields = {f: np.asarray(getattr(window, f)) for f in spec.request_fields}
+        sched.begin_replay({rid: {f: a[i].item() for f, a in fields.items()} for rid, i in ids.items()})
     admit = np.full(n, np.nan)
     first = np.full(n, np.nan)
     finish = np.full(n, np.nan)
@@ -484,9 +514,11 @@ def replay(window: Window, policy: str, *, shape: ModelShape = ModelShape(),
         "environment": environment(ENGINE, vllm.__version__, shape, _device()),
     }
     if spec.scheduler_cls:
-        info["slai_stats"] = dict(sched.slai_stats)
-        from .vllm_slai_scheduler import GAPS
-        info["slai_gaps"] = list(GAPS)
+        gaps = list(importlib.import_module(spec.scheduler_cls.rpartition(".")[0]).GAPS)
+        if hasattr(sched, "slai_stats"):
+            info["slai_stats"], info["slai_gaps"] = dict(sched.slai_stats), gaps
+        else:
+            info["scheduler_stats"], info["scheduler_gaps"] = dict(getattr(sched, "stats", {})), gaps
     return result, info
 
 
