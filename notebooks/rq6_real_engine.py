@@ -30,6 +30,7 @@ margin = 0.10              # practical-margin threshold of the reversal classifi
 confidence_level = 0.95    # level of the classifier's per-source bootstrap intervals
 rerun_backend = ""         # "vllm" or "transformers": replay the case now (needs that engine)
 rerun_windows_per_source = 2  # windows per source of such a replay
+real_engine_runs = ["vllm_cpu_case"]  # committed real-engine case runs to read (tags in data/results/realengine/)
 
 # %% [markdown]
 # ## Method in detail
@@ -61,7 +62,12 @@ Path(output_dir).mkdir(parents=True, exist_ok=True)
 if rerun_backend:
     run_case(rerun_backend, n_per_source=int(rerun_windows_per_source), tag=f"{rerun_backend}_rerun")
 sim_table = pd.read_parquet(results_path) if results_path else load_results(engine_model)
-run_files = sorted(realengine_dir().glob("*_runs.parquet"))
+wanted = list(real_engine_runs) + ([f"{rerun_backend}_rerun"] if rerun_backend else [])
+run_files = [realengine_dir() / f"{tag}_runs.parquet" for tag in wanted]
+missing = [f.name for f in run_files if not f.exists()]
+if missing:
+    raise FileNotFoundError(f"real_engine_runs: no {', '.join(missing)} in {realengine_dir()}; there are "
+                            f"{sorted(f.name.removesuffix('_runs.parquet') for f in realengine_dir().glob('*_runs.parquet'))}")
 policy_a, policy_b = CASE_POLICIES
 glue("rq6_engine", engine_model, display=False)
 glue("rq6_case_pair", pair_label(*case_sources), display=False)
