@@ -406,3 +406,12 @@ def test_gap_in_span_matches_step_sum():
     assert eng._span_ps(k, D, C0) == sum(c0 + cg + cd * D + cc * (C0 + D * j) for j in range(k))
     assert m.longest_quiet_step_s == pytest.approx(
         (c0 + cg + cd * m.max_active_sequences + cc * m.max_kv_tokens) / PS + 1e-9)
+
+
+def test_a_probe_warms_up_then_reports_the_median_replay():
+    from portbench import realengine
+    walls = iter([9.0, 1.3, 1.0, 5.0])                 # a cold warm-up, then three timed replays
+    figures = realengine.steady_probe(lambda: {"wall_s": next(walls), "n_steps": 2, "busy_s": 0.5})
+    assert realengine.PROBE_WARMUP == 1 and realengine.PROBE_REPEATS == 3
+    assert figures["wall_s"] == 1.3 and figures["walls_s"] == [1.0, 1.3, 5.0]
+    assert figures["mean_step_s"] == 0.25 and figures["n_steps"] == 2

@@ -30,7 +30,7 @@ def tiny_store(tmp_path):
 def test_gpu_script_runs_end_to_end_on_cpu(tiny_store):
     # one repetition, no re-runs, one widening, a fixed speed ratio: a busy test host would otherwise
     # spend the budget on re-runs and on long replays at the low λ a slow profile would bracket
-    assert gpu.main(["--device", "cpu", "--tiny", "--budget-s", "60", "--windows-per-source", "1",
+    assert gpu.main(["--device", "cpu", "--tiny", "--budget-s", "120", "--windows-per-source", "1",
                      "--bisection-steps", "1", "--burst", "12", "--tag", "t", "--repetitions", "1",
                      "--max-retries", "0", "--max-widenings", "1", "--speed-ratio", "0.1",
                      "--data-dir", str(tiny_store)]) == 0

@@ -177,8 +177,9 @@ def test_step_profile(runs):
 def test_probe_on_the_built_engines(runs):
     for name in ("probe_faithful", "probe_slai"):
         p = runs[name]
-        assert set(p) == {"wall_s", "mean_step_s", "n_steps"}
+        assert set(p) == {"wall_s", "mean_step_s", "n_steps", "walls_s"}
         assert p["n_steps"] >= 32 and 0 < p["mean_step_s"] < p["wall_s"] < 30
+        assert len(p["walls_s"]) == 3 and p["walls_s"][1] == p["wall_s"]      # the median of three
 
 
 def test_vllm_refuses_or_caps_what_the_replay_refuses(runs):

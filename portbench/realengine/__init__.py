@@ -99,6 +99,23 @@ def probe_figures(info: dict) -> dict:
     return {"wall_s": float(info.get("wall_s", float("nan"))), "mean_step_s": mean_step, "n_steps": n_steps}
 
 
+#: How a host probe is taken: the fixed batch is replayed ``PROBE_WARMUP`` times untimed, then
+#: ``PROBE_REPEATS`` times, and the median replay is reported. A single cold replay (~60 ms) read
+#: 5–135% above its reference in the first guarded attempt on this machine (2026-12-01), the probe
+#: right after a switch of engine or a pause the most: it measured the warm-up as much as the host.
+PROBE_WARMUP, PROBE_REPEATS = 1, 3
+
+
+def steady_probe(replay_once) -> dict:
+    """A host probe from ``replay_once()`` (a backend's info for one replay of the fixed batch):
+    :data:`PROBE_WARMUP` untimed replays, then the figures (:func:`probe_figures`) of the median of
+    :data:`PROBE_REPEATS` timed ones, with every timed wall time in ``walls_s``."""
+    for _ in range(PROBE_WARMUP):
+        replay_once()
+    figures = sorted((probe_figures(replay_once()) for _ in range(PROBE_REPEATS)), key=lambda f: f["wall_s"])
+    return {**figures[len(figures) // 2], "walls_s": [f["wall_s"] for f in figures]}
+
+
 def environment(engine: str, engine_version: str, shape: ModelShape, device: str) -> dict:
     """Provenance recorded with every real-engine result."""
     return {"engine": engine, "engine_version": engine_version, "model_shape": dataclasses.asdict(shape),

@@ -29,7 +29,7 @@ from .. import store
 from ..metrics import cell_metrics, slo_violation_rate
 from ..regions import REGIONS, VIOLATION_THRESHOLD
 from ..workload import Window, scale
-from . import BACKENDS, PROBE_OUTPUT_TOKENS, PROBE_PROMPT_TOKENS, PROBE_REQUESTS
+from . import BACKENDS, PROBE_OUTPUT_TOKENS, PROBE_PROMPT_TOKENS, PROBE_REPEATS, PROBE_REQUESTS, PROBE_WARMUP
 
 CASE_POLICIES = ("slai_faithful", "vllm_faithful")
 CASE_REGION = "HIGH_PRESSURE"
@@ -259,7 +259,8 @@ def run_case(backend_name, *, n_per_source: int = 10, sources=CASE_SOURCES,
                  "drift_tolerance": drift_tolerance, "max_retries": max_retries,
                  "reference_probes": reference_probes, "retry_wait_s": retry_wait_s},
         "probe": {"requests": PROBE_REQUESTS, "prompt_tokens": PROBE_PROMPT_TOKENS,
-                  "output_tokens": PROBE_OUTPUT_TOKENS, "arrival_s": 0.0},
+                  "output_tokens": PROBE_OUTPUT_TOKENS, "arrival_s": 0.0, "warmup": PROBE_WARMUP,
+                  "repeats": PROBE_REPEATS},
         "engine_kwargs": {k: repr(v) for k, v in engine_kwargs.items() if k != "model"},
         "environment": meta_old.get("environment", {}),
         "engine_info": meta_old.get("engine_info", {}),

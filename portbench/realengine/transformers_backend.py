@@ -60,7 +60,7 @@ from ..metrics import run_span_s
 from ..policies._common import estimate
 from ..policies.slai_faithful import SLAI
 from ..workload import Window
-from . import (ModelShape, environment, probe_figures, probe_window, random_prompt, refuse_oracles,
+from . import (ModelShape, environment, probe_window, random_prompt, refuse_oracles, steady_probe,
                to_run_result)
 
 try:  # the engine is an optional extra (pip install -e .[transformers])
@@ -466,8 +466,7 @@ def probe(policy: str = "fifo", **engine_kwargs) -> dict:
     """The host probe: :func:`portbench.realengine.probe_window` (8 requests of 64 prompt and 32
     output tokens, all at t = 0) replayed under ``policy`` with the case's engine settings (pass
     ``model=`` to reuse a built model). Returns ``wall_s``, ``mean_step_s`` and ``n_steps``."""
-    _, info = replay(probe_window(), policy, **engine_kwargs)
-    return probe_figures(info)
+    return steady_probe(lambda: replay(probe_window(), policy, **engine_kwargs)[1])
 
 
 def _submit_and_collect(manager, prompts, ids, arrival, window, timeout_s):

@@ -76,7 +76,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import (ModelShape, environment, probe_figures, probe_window, random_prompt, refuse_oracles,
+from . import (ModelShape, environment, probe_window, random_prompt, refuse_oracles, steady_probe,
                to_run_result)
 from ..metrics import run_span_s
 from ..policies._common import estimate
@@ -527,8 +527,7 @@ def probe(policy: str = "fifo", **engine_kwargs) -> dict:
     prompt and 32 output tokens, all at t = 0) replayed on the engine ``policy`` runs on with these
     settings (the cached, already built engine is reused). Returns ``wall_s``, ``mean_step_s`` and
     ``n_steps``; the case compares the wall time with its reference to see a slow host."""
-    _, info = replay(probe_window(), policy, **engine_kwargs)
-    return probe_figures(info)
+    return steady_probe(lambda: replay(probe_window(), policy, **engine_kwargs)[1])
 
 
 def engine_outcomes(policy: str, requests, *, shape: ModelShape = ModelShape(), seed: int = 0,
