@@ -30,7 +30,8 @@ margin = 0.10              # practical-margin threshold of the reversal classifi
 confidence_level = 0.95    # level of the classifier's per-source bootstrap intervals
 rerun_backend = ""         # "vllm" or "transformers": replay the case now (needs that engine)
 rerun_windows_per_source = 2  # windows per source of such a replay
-real_engine_runs = ["vllm_cpu_case"]  # committed real-engine case runs to read (tags in data/results/realengine/)
+real_engine_runs = ["vllm_cpu_guarded_case", "vllm_cpu_case"]  # real-engine case runs to read, headline first
+exclude_host_flagged = False  # leave out runs whose host probes drifted on every attempt (see the fidelity chapter)
 
 # %% [markdown]
 # ## Method in detail
@@ -76,6 +77,15 @@ glue("rq6_region", CASE_REGION, display=False)
 glue("rq6_policies", f"{policy_a} − {policy_b}", display=False)
 print("real-engine results:", [f.name for f in run_files] or "none yet")
 
+
+def case_runs(path: Path) -> pd.DataFrame:
+    """A case's runs; without the host-flagged ones if ``exclude_host_flagged`` (repetitions of a
+    window are averaged by the statistics downstream)."""
+    runs = pd.read_parquet(path)
+    if exclude_host_flagged and "host_flagged" in runs:
+        runs = runs[~runs["host_flagged"].astype(bool)]
+    return runs
+
 # %% [markdown]
 # ## The committed real-engine runs
 #
@@ -94,15 +104,29 @@ def provenance(tag: str) -> str:
     return (f"- **{tag}**: {env.get('engine', meta.get('backend', '?'))} {env.get('engine_version', '')} "
             f"on {env.get('device', '?')}, {model}; {case.get('n_per_source', '?')} windows per source "
             f"({', '.join(source_label(s) for s in case.get('sources', []))}) at {case.get('region', '?')}; "
-            f"λ_ref from a {case.get('bisection_steps', '?')}-step bisection; run {env.get('date', '?')[:10]}.")
+            f"λ_ref from a {case.get('bisection_steps', '?')}-step bisection; run {env.get('date', '?')[:10]}; "
+            + guard_summary(tag, case))
+
+
+def guard_summary(tag: str, case: dict) -> str:
+    runs = pd.read_parquet(realengine_dir() / f"{tag}_runs.parquet")
+    if "host_flagged" not in runs:
+        return f"{len(runs)} runs, no host guard (timings carry whatever else ran on the machine)."
+    flagged = int(runs["host_flagged"].sum())
+    return (f"{len(runs)} runs ({case.get('repetitions', '?')} repetitions of each window and policy), "
+            f"each between two host probes; {flagged} flagged (probes off by more than "
+            f"{case.get('drift_tolerance', float('nan')):.0%} on every attempt)"
+            + (", left out below." if exclude_host_flagged and flagged else ", kept below (their own steps: "
+               "see the fidelity chapter)." if flagged else "."))
 
 
 display(Markdown("\n".join(provenance(f.name.removesuffix("_runs.parquet")) for f in run_files)
                  or "No real-engine results yet."))
 
 # %% [markdown]
-# Other jobs shared the 2-core development machine during parts of the `vllm_cpu_case` run, so its
-# timings carry that noise.
+# `vllm_cpu_case` (the first real-engine run) had no host guard, and other jobs shared the 2-core
+# machine during parts of it; the fidelity chapter shows how much of its error that explains. The
+# guarded runs put a fixed probe before and after every run and re-ran those whose probes drifted.
 #
 # The original study's reported GPU result (vLLM 0.27.1, Qwen2.5-0.5B, one A100; mean SLAI − vLLM
 # ANWG per source over 40 windows) — typed from the study, for comparison only:
@@ -122,7 +146,7 @@ def case_deltas(runs: pd.DataFrame, label: str) -> pd.DataFrame:
 
 frames = []
 for f in run_files:
-    runs = pd.read_parquet(f)
+    runs = case_runs(f)
     tag = f.name.removesuffix("_runs.parquet")
     frames.append(case_deltas(runs, tag))
     # the simulator's prediction for the very same windows
@@ -139,6 +163,8 @@ for _, r in deltas.iterrows():
         continue
     key = "sim" if label == "simulator" else ("original" if label.startswith("original") else label)
     glue(f"rq6_{key}_{r['source']}", float(r["delta_slai_minus_vllm"]), display=False)
+    if run_files and r["engine"] == run_files[0].name.removesuffix("_runs.parquet"):
+        glue(f"rq6_real_{r['source']}", float(r["delta_slai_minus_vllm"]), display=False)  # the headline run
 
 fig, ax = plt.subplots(figsize=(8, 4))
 labels = list(dict.fromkeys(deltas["engine"]))
@@ -172,7 +198,7 @@ deltas.round(3)
 # %%
 verdicts = []
 for f in run_files:
-    runs = pd.read_parquet(f)
+    runs = case_runs(f)
     if "slo_multiplier" not in runs:
         runs = runs.assign(slo_multiplier=20.0)
     present = sorted(set(runs["source"]))
