@@ -93,6 +93,8 @@ def build_parser(add_help: bool = True) -> argparse.ArgumentParser:
     ap.add_argument("--drift-tolerance", type=float, default=0.15,
                     help="host probe drift that makes a run be re-run")
     ap.add_argument("--max-retries", type=int, default=2, help="re-runs of a run the host guard rejected")
+    ap.add_argument("--reference-probes", type=int, default=3,
+                    help="host probes that make each policy's reference at the start of the case")
     ap.add_argument("--max-widenings", type=int, default=3,
                     help="widenings of the λ_ref bracket when the knee is outside it")
     ap.add_argument("--speed-ratio", type=float, default=None,
@@ -143,6 +145,7 @@ def run(args) -> int:
                     bisection_steps=args.bisection_steps, time_budget_s=max(0.0, remaining * 0.9),
                     repetitions=args.repetitions, drift_tolerance=args.drift_tolerance,
                     max_retries=args.max_retries, max_widenings=args.max_widenings,
+                    reference_probes=args.reference_probes,
                     tag=f"{tag}_case", data_dir=args.data_dir,
                     shape=shape, device=args.device, model=model, **best)
     print(f"done: {len(runs)} runs in {time.perf_counter() - t0:.0f} s -> {out}", flush=True)
