@@ -30,6 +30,12 @@ preemption there); ``sjf_aging`` is
 re-sorting vLLM's waiting queue every step (its gaps are in that module and in each run's
 ``scheduler_gaps``).
 
+**λ_ref is shared with the RQ6 case** (``--lambda-refs-from``, default its guarded case): the
+real-engine λ_ref search replays FIFO on the same engine (same model shape, default settings) with
+the same bracket and bisection, so a window the RQ6 case has already searched is not searched again
+(~1 h saved on this machine); the entries keep ``from`` = that case. ``--lambda-refs-from none``
+searches every window here.
+
 Restarting with the same ``--tag`` resumes: the speed ratio is reused and the case skips the runs
 (and λ_ref searches) it already has. ``--fresh`` starts over. ``--budget-s`` stops resumably; the
 case checks it before each run, so it can overrun by one run and its λ_ref search.
@@ -59,6 +65,8 @@ RQ6_TUNINGS = ("vllm_cpu_guarded_tuning.json", "vllm_cpu_tuning.json")
 #: Earlier FCFS runs on disk that give a run's duration for the estimate, after this case's own.
 RQ6_RUNS = ("vllm_cpu_guarded_case_attempts.parquet", "vllm_cpu_case_runs.parquet")
 RQ6_FCFS = ("fifo", "vllm_faithful")
+#: The case whose real-engine λ_ref searches this one reuses (``--lambda-refs-from``).
+RQ6_CASE = "vllm_cpu_guarded_case"
 
 #: Fallbacks for the estimate (the vLLM-CPU RQ6 case of 2026-11-30: vllm_faithful ~11 s a run at
 #: HIGH_PRESSURE; a host probe ~0.25 s; the small profile ~1 min).
@@ -81,6 +89,32 @@ def find_tuning(out: Path, tag: str, fresh: bool):
     return None, None
 
 
+def shared_lambda_refs(args, out) -> dict:
+    """The real-engine λ_ref entries of case ``--lambda-refs-from`` that this case may reuse: only if
+    that case searched on the same backend, engine settings, bracket and bisection (else ``{}``,
+    with the reason printed)."""
+    if args.lambda_refs_from in (None, "", "none"):
+        return {}
+    path = out / f"{args.lambda_refs_from}.json"
+    if not path.exists():
+        print(f"no {path.name}: every λ_ref is searched here", flush=True)
+        return {}
+    meta = json.loads(path.read_text())
+    case = meta.get("case", {})
+    same = {"backend": (meta.get("backend"), "vllm"),
+            "engine settings": (meta.get("engine_kwargs"), {"shape": repr(SHAPE)}),
+            "bracket_factor": (case.get("bracket_factor"), args.bracket_factor),
+            "bisection_steps": (case.get("bisection_steps"), args.bisection_steps)}
+    differ = [k for k, (theirs, ours) in same.items() if theirs != ours]
+    if differ:
+        print(f"{path.name} searched λ_ref with other {', '.join(differ)}: every λ_ref is searched here",
+              flush=True)
+        return {}
+    windows = set(case_windows(args))
+    return {wid: {**entry, "from": entry.get("from", args.lambda_refs_from)}
+            for wid, entry in meta.get("lambda_ref_real", {}).items() if wid in windows}
+
+
 def plan(args, out, tag):
     """Runs to do and an estimated duration (s), from earlier runs on disk where there are any."""
     windows = case_windows(args)
@@ -100,7 +134,7 @@ def plan(args, out, tag):
                 break
     run_s = float(np.mean(walls)) if walls else DEFAULT_RUN_S
     todo = max(0, n_runs - done)
-    searches = max(0, len(windows) - cal_done)
+    searches = max(0, len(windows) - max(cal_done, len(shared_lambda_refs(args, out))))
     retry = 1.2                                  # expected attempts per run (some re-runs)
     calib_replays = searches * (2 + args.bisection_steps)          # bracket, bisection
     # A replay lasts about its arrival span, ∝ 1/λ: the bracket's low end (λ_ref / bracket_factor)
@@ -148,6 +182,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     case_arguments(ap, windows_per_source=5, tag="vllm_cpu_rq7")
     ap.add_argument("--sources", nargs="+", default=list(CASE_SOURCES), choices=list(CASE_SOURCES))
+    ap.add_argument("--lambda-refs-from", default=RQ6_CASE,
+                    help="reuse the real-engine λ_ref searches of this case (its tag; 'none': search here)")
     args = ap.parse_args()
 
     out = realengine_dir(args.data_dir)
@@ -176,7 +212,7 @@ def main():
                     repetitions=args.repetitions, drift_tolerance=args.drift_tolerance,
                     max_retries=args.max_retries, retry_wait_s=args.retry_wait_s,
                     resume=not args.fresh, time_budget_s=budget, tag=f"{tag}_case",
-                    data_dir=args.data_dir, shape=SHAPE)
+                    data_dir=args.data_dir, lambda_refs=shared_lambda_refs(args, out), shape=SHAPE)
     if len(runs):
         print("mean ANWG by source and policy:", flush=True)
         print(runs.pivot_table(index="source", columns="policy", values="anwg").to_string(), flush=True)

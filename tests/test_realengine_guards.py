@@ -204,6 +204,27 @@ def test_a_finished_case_runs_nothing_on_restart(tmp_path):
     pd.testing.assert_frame_equal(first[IDENTITY], again[IDENTITY])
 
 
+def test_a_case_reuses_lambda_refs_searched_by_another_case(tmp_path):
+    import json
+    ws = windows(1)
+    study.run_case(FakeEngine().backend(), windows=ws, tag="a", data_dir=tmp_path, progress=False,
+                   speed_ratio=0.1, repetitions=1)
+    searched = json.loads((out_dir(tmp_path) / "a.json").read_text())["lambda_ref_real"]
+    shared = {wid: {**e, "from": "a"} for wid, e in searched.items() if wid == ws[0].window_id}
+    engine = FakeEngine()
+    runs = study.run_case(engine.backend(), windows=ws, tag="b", data_dir=tmp_path, progress=False,
+                          speed_ratio=0.1, repetitions=1, lambda_refs=shared)
+    searched_here = {c[0] for c in engine.calls if c[1] == "fifo"}
+    assert searched_here == {w.window_id for w in ws[1:]}          # only the window not shared
+    stored = json.loads((out_dir(tmp_path) / "b.json").read_text())["lambda_ref_real"]
+    assert stored[ws[0].window_id] == shared[ws[0].window_id]
+    assert (runs.set_index("window_id")["lambda_ref_real"].groupby(level=0).first()
+            == pd.Series({wid: e["lambda"] for wid, e in searched.items()})).all()
+    with pytest.raises(ValueError, match="lambda_refs.*'from'"):
+        study.run_case(FakeEngine().backend(), windows=ws, tag="c", data_dir=tmp_path, progress=False,
+                       lambda_refs={ws[0].window_id: {"lambda": 2.0}})
+
+
 def test_resume_refuses_an_unguarded_or_different_case(tmp_path):
     out = out_dir(tmp_path)
     out.mkdir(parents=True)

@@ -184,7 +184,7 @@ def run_case(backend_name, *, n_per_source: int = 10, sources=CASE_SOURCES,
              max_retries: int = 2, reference_probes: int = 3, retry_wait_s: float = 0.0,
              resume: bool = True, time_budget_s: float | None = None, tag: str | None = None,
              data_dir: Path | None = None, progress: bool = True, windows=None,
-             **engine_kwargs) -> pd.DataFrame:
+             lambda_refs: dict | None = None, **engine_kwargs) -> pd.DataFrame:
     """Calibrate and replay the case on a real engine, guarded against a slow host; returns the
     per-run table (one row per window × policy × repetition).
 
@@ -213,6 +213,12 @@ def run_case(backend_name, *, n_per_source: int = 10, sources=CASE_SOURCES,
     sequences, context tokens, scheduler time), ``<tag>_calibration`` (λ search probes),
     ``<tag>_attempts`` (Parquet) and ``<tag>.json`` (provenance, the case's parameters, probe
     references, each window's λ_ref).
+
+    **Shared λ_ref** (``lambda_refs``): a ``{window_id: entry}`` mapping of real-engine λ_ref searches
+    already made by another case on the same engine and settings (that case's ``lambda_ref_real``,
+    each entry with ``lambda``, ``pinned``, ``pinned_side``, ``probes`` and ``from``, the case it came
+    from). Those windows are not searched again: the search replays FIFO on the engine built from the
+    same ``engine_kwargs``, so it would look for the same knee. The entry is stored as given.
 
     **Resume**: everything is rewritten (atomically) after every run and every calibration, and a case
     restarted with the same tag (``resume=True``) skips the (window, policy, repetition) runs and the
@@ -245,6 +251,12 @@ def run_case(backend_name, *, n_per_source: int = 10, sources=CASE_SOURCES,
     requests = [old["requests"]] if len(old.get("requests", ())) else []
     steps = [old["steps"]] if len(old.get("steps", ())) else []
     lambdas: dict = dict(meta_old.get("lambda_ref_real", {}))
+    for wid, entry in (lambda_refs or {}).items():
+        if wid not in lambdas:
+            if not (isinstance(entry, dict) and float(entry.get("lambda", 0)) > 0 and entry.get("from")):
+                raise ValueError(f"lambda_refs[{wid!r}] = {entry!r}: expected a dict with a positive "
+                                 "'lambda' and 'from' (the case it was searched in)")
+            lambdas[wid] = dict(entry)
     done = {tuple(r[k] for k in RUN_KEY) for r in runs}
     plan = [(w, rep, policy) for w in windows for rep in range(repetitions) for policy in policies
             if (w.window_id, policy, rep) not in done]
