@@ -29,6 +29,9 @@ seed = 0                   # seed of every bootstrap
 output_dir = "book/figures"  # where figures are written
 metric = "anwg"            # metric that ranks the policies
 prediction_region = "HIGH_PRESSURE"  # operating region of the prediction-error figure (the heaviest load: longest queues)
+real_engine_run = "vllm_cpu_rq7"  # tag of the real-engine case to read, in data/results/realengine (empty: skip)
+real_engine_cost = "vllm_cpu_guarded"  # tag of the step cost refitted to that engine, for the simulator's counterpart
+exclude_host_flagged = False  # drop the real runs the host guard flagged
 
 # %%
 from pathlib import Path
@@ -260,6 +263,138 @@ if 0.0 in wide and 1.0 in wide and "sjf_aging" in wide.index:
 wide.round(3)
 
 # %% [markdown]
+# ## On a real engine: SJF with aging and priority scheduling against vLLM's FCFS
+#
+# `sjf_aging` and `vllm_priority` were replayed against FCFS on vLLM's CPU build (a tiny random-weight
+# model; `benchmarks/rq7_vllm_cpu.py`), at HIGH_PRESSURE — 1.5 × each window's λ_ref found on that
+# engine — on the first windows of each source, two repetitions each, every run guarded by host probes
+# as in {doc}`fidelity`. FCFS here is vLLM's own with exactly the two policies' engine settings
+# (2,048-token budget, chunked prefill, 256 sequences), so a difference between them is the order
+# alone. `sjf_aging` is a scheduler subclass that re-sorts vLLM's waiting queue with the simulator
+# policy's score; `vllm_priority` is vLLM's `priority` scheduling with the deadline as the priority.
+#
+# Beside each real difference from FCFS stand two predictions for the same windows: the
+# **counterpart** — the `vllm_v1` model with the cost refitted to this engine, replaying the same
+# scaled window with the same settings — and the **campaign**'s `vllm_v1` cell at HIGH_PRESSURE
+# (the simulator's own λ_ref and the calibrated cost: what the rest of this chapter reads).
+#
+# The host guard: the two repetitions of a (window, policy) differ in wall time by a median
+# {glue:text}`rq7_real_wall_spread:.0%`, while the runs' probes drift from their reference by a median
+# {glue:text}`rq7_real_probe_drift:.0%`; in the RQ6 case a re-run seldom cleared the flag. So this case
+# re-ran only its first few flagged runs ({glue:text}`rq7_real_rerun:d` runs have more than one attempt)
+# and then none: every run keeps its probe figures and its flag ({glue:text}`rq7_real_flagged:d` of
+# them flagged), and `exclude_host_flagged=True` rebuilds this section from the accepted runs alone.
+
+# %%
+from IPython.display import display
+
+from portbench import fidelity, store
+from portbench.engine_v1 import StepCost
+from portbench.realengine.study import case_deltas, realengine_dir
+
+REAL_NEW = ("sjf_aging", "vllm_priority")
+real_dir = realengine_dir()
+real_runs_path = real_dir / f"{real_engine_run}_case_runs.parquet"
+real_cost_path = real_dir / f"{real_engine_cost}_cost.json"
+real_sentence = ("No real-engine run of these schedulers is on disk "
+                 "(benchmarks/rq7_vllm_cpu.py makes one).")
+if real_engine_run and real_runs_path.exists() and real_cost_path.exists():
+    import json
+    real_runs = pd.read_parquet(real_runs_path)
+    real_requests = pd.read_parquet(real_dir / f"{real_engine_run}_case_requests.parquet")
+    n_flagged = int(real_runs["host_flagged"].sum()) if "host_flagged" in real_runs else 0
+    if exclude_host_flagged and "host_flagged" in real_runs:
+        real_runs = real_runs[~real_runs["host_flagged"].astype(bool)]
+    real_cost = StepCost(**json.loads(real_cost_path.read_text())["cost"])
+    real_windows = {w.window_id: w for w in store.load_windows(window_ids=sorted(set(real_runs["window_id"])))}
+    _, counterpart, _ = fidelity.sim_vs_real(real_runs, real_requests, real_windows, real_cost)
+    counterpart = counterpart.rename(columns={"anwg_sim": "anwg"})
+    campaign_v1 = load_results("vllm_v1")
+    campaign_v1 = campaign_v1[(campaign_v1["region"] == "HIGH_PRESSURE") & (campaign_v1["slo_multiplier"] == 20.0)
+                              & campaign_v1["window_id"].isin(real_windows)
+                              & np.isclose(campaign_v1.get("prediction_error", 0.2), 0.2)]
+    rows, per_window = [], []
+    for p in REAL_NEW:
+        pair = (p, "fifo")
+        sides = {"real": case_deltas(real_runs, "real", policies=pair),
+                 "counterpart": case_deltas(counterpart, "counterpart", policies=pair),
+                 "campaign": case_deltas(campaign_v1, "campaign", policies=pair)}
+        for source in sorted(set(real_runs["source"])):
+            row = {"policy": p, "source": source_label(source)}
+            for side, d in sides.items():
+                d = d.set_index("source")
+                if source in d.index:
+                    row[f"Δ {side}"] = d.loc[source, "delta_slai_minus_vllm"]
+                    if side == "real":
+                        row["real CI low"], row["real CI high"] = d.loc[source, "ci_low"], d.loc[source, "ci_high"]
+                        row["windows"] = int(d.loc[source, "n_windows"])
+            rows.append(row)
+        # per window: the real difference in each repetition, and the counterpart's
+        wide = real_runs.pivot_table(index=["source", "window_id", "repetition"], columns="policy", values=metric)
+        d_rep = (wide[p] - wide["fifo"]).unstack("repetition")
+        sim_wide = counterpart.pivot_table(index=["source", "window_id"], columns="policy", values="anwg")
+        per_window.append(pd.DataFrame({"policy": p, "real_mean": d_rep.mean(axis=1),
+                                        "real_min": d_rep.min(axis=1), "real_max": d_rep.max(axis=1),
+                                        "counterpart": sim_wide[p] - sim_wide["fifo"]}).reset_index())
+    real_table = pd.DataFrame(rows).set_index(["policy", "source"])
+    per_window = pd.concat(per_window, ignore_index=True)
+    # the noise floor: how far two runs of the same (window, policy) are apart on this engine
+    reps = real_runs.pivot_table(index=["window_id", "policy"], columns="repetition", values=metric)
+    noise = float((reps.max(axis=1) - reps.min(axis=1)).mean()) if reps.shape[1] > 1 else float("nan")
+    agree = per_window.assign(same=np.sign(per_window["real_mean"]) == np.sign(per_window["counterpart"]))
+    n_pre = int(counterpart.loc[counterpart["policy"] == "vllm_priority", "preemptions_sim"].sum())
+
+    fig, axes = plt.subplots(1, len(REAL_NEW), figsize=(10, 4), sharex=True, sharey=True)
+    for ax, p in zip(np.atleast_1d(axes), REAL_NEW):
+        g = per_window[per_window["policy"] == p]
+        for source, gs in g.groupby("source"):
+            ax.errorbar(gs["counterpart"], gs["real_mean"],
+                        yerr=[gs["real_mean"] - gs["real_min"], gs["real_max"] - gs["real_mean"]],
+                        fmt="o", capsize=3, label=source_label(source))
+        lim = float(np.nanmax(np.abs(per_window[["real_min", "real_max", "counterpart"]].to_numpy()))) * 1.1 or 0.1
+        ax.plot([-lim, lim], [-lim, lim], ":", color="grey")
+        ax.axhline(0, color="grey", lw=0.5)
+        ax.axvline(0, color="grey", lw=0.5)
+        ax.set_title(f"{p} − fifo ({metric})")
+        ax.set_xlabel("simulator counterpart")
+    np.atleast_1d(axes)[0].set_ylabel("real engine (bar: the two repetitions)")
+    np.atleast_1d(axes)[-1].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(Path(output_dir) / "rq7_real_engine.png", dpi=120)
+    plt.show()
+
+    means = real_table.groupby(level="policy")[["Δ real", "Δ counterpart", "Δ campaign"]].mean()
+    parts = []
+    for p in REAL_NEW:
+        ci = real_table.loc[p]
+        up, down, k = int((ci["real CI low"] > 0).sum()), int((ci["real CI high"] < 0).sum()), len(ci)
+        parts.append(f"{p} − FCFS averages {means.loc[p, 'Δ real']:+.3f} ANWG over the sources, its 95% CI "
+                     f"above zero on {up} and below zero on {down} of {k} sources (counterpart "
+                     f"{means.loc[p, 'Δ counterpart']:+.3f}, campaign {means.loc[p, 'Δ campaign']:+.3f})")
+    real_sentence = (
+        f"On vLLM's CPU build ({len(real_windows)} windows at HIGH_PRESSURE, {len(real_runs)} runs"
+        + (f", the {n_flagged} that the host guard flagged left out" if exclude_host_flagged
+           else f", {n_flagged} of them flagged by the host guard and kept") + "), "
+        + "; ".join(parts)
+        + f". Two runs of the same window and policy differ by {noise:.3f} ANWG on average, and the "
+        f"real and simulated differences share their sign in {int(agree['same'].sum())} of "
+        f"{len(agree)} (window, policy) pairs.")
+    # how much the runs themselves vary against how much their probes drift
+    walls = real_runs.pivot_table(index=["window_id", "policy"], columns="repetition", values="wall_s")
+    wall_spread = float((walls.max(axis=1) / walls.min(axis=1) - 1).median()) if walls.shape[1] > 1 else float("nan")
+    glue("rq7_real_wall_spread", wall_spread, display=False)
+    glue("rq7_real_probe_drift", float(real_runs["drift"].median()), display=False)
+    glue("rq7_real_rerun", int((real_runs["n_attempts"] > 1).sum()), display=False)
+    glue("rq7_real_flagged", n_flagged, display=False)
+    glue("rq7_real_noise", noise, display=False)
+    glue("rq7_real_preemptions_sim", n_pre, display=False)
+    print(f"vllm_priority counterparts preempted {n_pre} times (the real vLLM v1 priority policy has no "
+          "waiting-triggered preemption)")
+    display(real_table.round(3))
+glue("rq7_real_sentence", real_sentence, display=False)
+print(real_sentence)
+
+# %% [markdown]
 # :::{admonition} Finding
 # :class: tip pb-finding
 # Under the {glue:text}`rq7_engine` engine model, among today's engine schedulers the one with the
@@ -272,5 +407,5 @@ wide.round(3)
 # {glue:text}`rq7_n_tests` tests involve a new policy. From a perfect to a 100%-error predictor, SJF
 # with aging's mean ANWG at {glue:text}`rq7_prediction_region` changes by
 # {glue:text}`rq7_sjf_change:+.3f` (mean rank {glue:text}`rq7_sjf_rank_0:.1f` →
-# {glue:text}`rq7_sjf_rank_1:.1f`).
+# {glue:text}`rq7_sjf_rank_1:.1f`). {glue:text}`rq7_real_sentence:s`
 # :::

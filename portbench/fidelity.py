@@ -93,10 +93,18 @@ def hol_reversals(ablation: pd.DataFrame, *, n_resamples: int = 2000, seed: int 
 #: the simulated counterpart refuses the same requests (:func:`real_refused`) — not the
 #: ``oversize="reject"`` rule of the study's policy (prompt > budget), which serves requests whose
 #: prompt fits but whose output would run past max_model_len. ``None``: the run's own
-#: ``max_model_len`` column decides (no refusal without one).
+#: ``max_model_len`` column decides (no refusal without one). RQ7's vLLM case (``fifo``,
+#: ``sjf_aging``, ``vllm_priority``) runs vLLM's defaults: a 2,048-token budget, chunked prefill,
+#: 256 sequences (:data:`portbench.realengine.vllm_backend.POLICIES`). The simulator's
+#: ``vllm_priority`` also evicts lower priorities for a waiting request that does not fit (vLLM v0's
+#: rule, which v1 dropped); :func:`sim_vs_real` reports each counterpart's preemptions
+#: (``preemptions_sim``), so a reader sees whether that difference was ever exercised.
 REAL_COUNTERPARTS = {
     "vllm_faithful": {"budget": 2560, "seqs": 256, "params": {"oversize": "reject"}, "max_model_len": 2560},
     "slai_faithful": {"budget": 512, "seqs": 128, "params": {}, "max_model_len": None},
+    "fifo": {"budget": 2048, "seqs": 256, "params": {}, "max_model_len": None},
+    "sjf_aging": {"budget": 2048, "seqs": 256, "params": {}, "max_model_len": None},
+    "vllm_priority": {"budget": 2048, "seqs": 256, "params": {}, "max_model_len": None},
 }
 
 
@@ -162,8 +170,9 @@ def sim_vs_real(runs: pd.DataFrame, requests: pd.DataFrame, windows: dict, cost,
     ``repetition``) are compared one by one with the same simulation; ``exclude_host_flagged`` drops
     the runs the host guard flagged. Returns per-request errors (simulated − real TTFT and latency,
     s; ``refused_sim`` and, where the real table records it, ``refused_real``), per-run ANWG (real
-    and simulated) and a summary: median absolute errors, the ANWG error, Kendall τ_b between real
-    and simulated ANWG over all runs, and the refusals (``n_refused_sim``, ``n_refused_mismatch``).
+    and simulated; ``preemptions_sim``: the counterpart's preemptions) and a summary: median
+    absolute errors, the ANWG error, Kendall τ_b between real and simulated ANWG over all runs, and
+    the refusals (``n_refused_sim``, ``n_refused_mismatch``).
     """
     per_request, per_run = [], []
     if exclude_host_flagged and "host_flagged" in runs:
@@ -200,7 +209,8 @@ def sim_vs_real(runs: pd.DataFrame, requests: pd.DataFrame, windows: dict, cost,
         per_request.append(frame)
         per_run.append({"source": run["source"], "window_id": run["window_id"], "policy": run["policy"],
                         **({"repetition": int(rep)} if rep is not None and not pd.isna(rep) else {}),
-                        "anwg_real": run["anwg"], "anwg_sim": cell_metrics(result)["anwg"]})
+                        "anwg_real": run["anwg"], "anwg_sim": cell_metrics(result)["anwg"],
+                        "preemptions_sim": int(result.n_preemptions)})
     req = pd.concat(per_request, ignore_index=True) if per_request else pd.DataFrame()
     run_frame = pd.DataFrame(per_run)
     summary = {}

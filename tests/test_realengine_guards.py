@@ -356,6 +356,29 @@ def test_sim_vs_real_reports_the_same_refusals_on_both_sides():
     assert list(only["repetition"]) == [0]
 
 
+def test_rq7_counterparts_run_vllms_default_settings_and_report_preemptions():
+    """RQ7's vLLM case: FCFS, SJF with aging and priority on vLLM's defaults (2,048-token budget,
+    chunked prefill, 256 sequences); the counterpart is that engine model running that policy."""
+    w = scale(fake_window(5, "azure_llm_2024", n=30), 4.0)
+    for policy in ("fifo", "sjf_aging", "vllm_priority"):
+        result, refused = fidelity.simulate_counterpart(w, policy, StepCost())
+        direct = sim.simulate(w, make_policy(policy), VllmV1Model(max_num_batched_tokens=2048,
+                                                                  max_active_sequences=256,
+                                                                  max_kv_tokens=500_000, cost=StepCost()))
+        np.testing.assert_array_equal(result.finish_s, direct.finish_s)
+        assert not refused.any()
+    rows = [{"source": w.source, "window_id": w.window_id, "policy": p, "repetition": 0,
+             "load_factor": 4.0, "anwg": 0.5} for p in ("fifo", "vllm_priority")]
+    reqs = pd.concat([pd.DataFrame({"window_id": w.window_id, "policy": p, "repetition": 0,
+                                    "request_index": np.arange(len(w)), "arrival_s": w.arrival_s,
+                                    "first_token_s": w.arrival_s + 0.1, "finish_s": w.arrival_s + 0.2})
+                      for p in ("fifo", "vllm_priority")])
+    unscaled = {w.window_id: fake_window(5, "azure_llm_2024", n=30)}
+    _, per_run, _ = fidelity.sim_vs_real(pd.DataFrame(rows), reqs, unscaled, StepCost())
+    assert list(per_run["policy"]) == ["fifo", "vllm_priority"]
+    assert (per_run["preemptions_sim"] >= 0).all() and per_run["preemptions_sim"].dtype.kind == "i"
+
+
 # --- 6. the step cost's gap ----------------------------------------------------------------------
 
 def test_default_step_cost_has_no_gap_and_gap_adds_to_every_step():

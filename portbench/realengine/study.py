@@ -280,7 +280,7 @@ def run_case(backend_name, *, n_per_source: int = 10, sources=CASE_SOURCES,
         "lambda_ref_real": lambdas,
         "sessions": list(meta_old.get("sessions", [])) + [
             {"started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-             "runs_before": len(runs)}],
+             "runs_before": len(runs), "max_retries": max_retries, "retry_wait_s": retry_wait_s}],
     }
 
     def write():
@@ -321,7 +321,7 @@ def run_case(backend_name, *, n_per_source: int = 10, sources=CASE_SOURCES,
                 "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
         write()
 
-    bar = tqdm(total=len(plan), unit="run", desc=f"RQ6 [{name}]", disable=not progress)
+    bar = tqdm(total=len(plan), unit="run", desc=f"{tag} [{name}]", disable=not progress)
     scaled_of: dict[str, Window] = {}
     for w, rep, policy in plan:
         if time_budget_s is not None and time.perf_counter() - t_start > time_budget_s:
