@@ -219,7 +219,7 @@ def main():
         for policy in POLICIES[1:]:
             d = case_deltas(runs, "vllm", policies=(policy, BASELINE))
             if len(d):
-                d = d.rename(columns={"delta_slai_minus_vllm": f"delta_{policy}_minus_{BASELINE}"})
+                d = d.rename(columns={"delta": f"delta_{policy}_minus_{BASELINE}"})
                 print(d.to_string(index=False), flush=True)
     print(done_line(runs, est["runs_total"], time.perf_counter() - t0), flush=True)
 

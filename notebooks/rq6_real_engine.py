@@ -133,12 +133,12 @@ display(Markdown("\n".join(provenance(f.name.removesuffix("_runs.parquet")) for 
 
 # %%
 original = pd.DataFrame({"source": ["azure_llm_2024", "burstgpt", "bailian_qwen"],
-                         "delta_slai_minus_vllm": [-0.024, -0.200, -0.026],
+                         "delta": [-0.024, -0.200, -0.026],
                          "engine": "original: vLLM 0.27.1 on A100"})
 original
 
 # %% [markdown]
-# ## Mean difference per source: real engine, simulator, original study
+# ## Mean SLAI − vLLM difference per source: real engine, simulator, original study
 
 # %%
 def case_deltas(runs: pd.DataFrame, label: str) -> pd.DataFrame:
@@ -162,9 +162,9 @@ for _, r in deltas.iterrows():
     if r["engine"].startswith("simulator") and "all windows" not in r["engine"]:
         continue
     key = "sim" if label == "simulator" else ("original" if label.startswith("original") else label)
-    glue(f"rq6_{key}_{r['source']}", float(r["delta_slai_minus_vllm"]), display=False)
+    glue(f"rq6_{key}_{r['source']}", float(r["delta"]), display=False)
     if run_files and r["engine"] == run_files[0].name.removesuffix("_runs.parquet"):
-        glue(f"rq6_real_{r['source']}", float(r["delta_slai_minus_vllm"]), display=False)  # the headline run
+        glue(f"rq6_real_{r['source']}", float(r["delta"]), display=False)  # the headline run
 
 fig, ax = plt.subplots(figsize=(8, 4))
 labels = list(dict.fromkeys(deltas["engine"]))
@@ -175,8 +175,8 @@ for k, label in enumerate(labels):
     x = np.arange(len(sources)) + (k - (len(labels) - 1) / 2) * width
     err = None
     if {"ci_low", "ci_high"} <= set(d.columns) and d["ci_low"].notna().any():
-        err = [d["delta_slai_minus_vllm"] - d["ci_low"], d["ci_high"] - d["delta_slai_minus_vllm"]]
-    ax.bar(x, d["delta_slai_minus_vllm"], width, yerr=err, capsize=2, label=label)
+        err = [d["delta"] - d["ci_low"], d["ci_high"] - d["delta"]]
+    ax.bar(x, d["delta"], width, yerr=err, capsize=2, label=label)
 ax.axhline(0, color="k", lw=0.6)
 ax.set_xticks(range(len(sources)), [source_label(s) for s in sources])
 ax.set_ylabel(f"mean ANWG, {policy_a} − {policy_b} (95% CI)", fontsize=8)

@@ -324,7 +324,7 @@ if real_engine_run and real_runs_path.exists() and real_cost_path.exists():
             for side, d in sides.items():
                 d = d.set_index("source")
                 if source in d.index:
-                    row[f"Δ {side}"] = d.loc[source, "delta_slai_minus_vllm"]
+                    row[f"Δ {side}"] = d.loc[source, "delta"]
                     if side == "real":
                         row["real CI low"], row["real CI high"] = d.loc[source, "ci_low"], d.loc[source, "ci_high"]
                         row["windows"] = int(d.loc[source, "n_windows"])

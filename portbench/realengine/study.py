@@ -38,8 +38,9 @@ CASE_SOURCES = ("azure_llm_2024", "burstgpt", "bailian_qwen")   # Bailian: the s
 
 def case_deltas(runs: pd.DataFrame, label: str, *, policies=CASE_POLICIES, metric: str = "anwg",
                 n_resamples: int = 2000, seed: int = 0) -> pd.DataFrame:
-    """Per source: mean ``policies[0] − policies[1]`` difference of ``metric`` over paired windows,
-    with a percentile bootstrap 95% CI (windows resampled with replacement; one seeded generator)."""
+    """Per source: mean ``policies[0] − policies[1]`` difference of ``metric`` over paired windows
+    (column ``delta``; repetitions of a run are averaged first), with a percentile bootstrap 95% CI
+    (``ci_low``, ``ci_high``; windows resampled with replacement; one seeded generator)."""
     rng = np.random.default_rng(seed)
     rows = []
     for source, g in runs.groupby("source"):
@@ -53,7 +54,7 @@ def case_deltas(runs: pd.DataFrame, label: str, *, policies=CASE_POLICIES, metri
         else:
             mean = low = high = np.nan
         rows.append({"source": source, "engine": label, "n_windows": len(d),
-                     "delta_slai_minus_vllm": mean, "ci_low": low, "ci_high": high})
+                     "delta": mean, "ci_low": low, "ci_high": high})
     return pd.DataFrame(rows)
 
 
