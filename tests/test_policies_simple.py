@@ -101,6 +101,37 @@ def test_llf_ties_on_laxity_break_on_deadline_then_priority():
     np.testing.assert_allclose(r.admit_s, np.array([2, 1, 0]) * MS)
 
 
+def test_llf_ranks_a_long_queue_in_the_exact_key_order_across_its_chunks():
+    # Many near-ties of deadline - est (equal up to rounding, and exactly equal), a `now` that makes
+    # (d - now) - est round differently from (d - est) - now, small chunks: the chunks, concatenated,
+    # are the exact (lax, d, -priority, id) order of the whole queue.
+    from types import SimpleNamespace
+
+    from portbench.policies.least_laxity_first import LeastLaxityFirst
+    rng = np.random.default_rng(3)
+    n = 3000
+    est = rng.integers(0, 40, n) * 0.5 + 0.5 * rng.integers(1, 8, n)
+    d = est + rng.choice([0.1, 0.2, 0.30000000000000004, 0.3, 1 / 3, 7.0], n) + rng.integers(0, 3, n)
+    prio = rng.choice([1.0, 2.0], n)
+    prompts = (2 * (est - 0.5 * rng.integers(1, 8, n))).astype(np.int64).clip(1)
+    view = SimpleNamespace(n_requests=n, deadline_s=d, priority=prio, input_tokens=prompts,
+                           predicted_output_tokens=np.zeros(n, dtype=np.int64), now=0.1 + 1e-9)
+    p = LeastLaxityFirst()
+    p.reset(view)
+    p._est = est                                      # the estimates above, exactly
+    base = d - est
+    order = np.lexsort((np.arange(n), -prio, d, base))
+    p._rank[order] = np.arange(n)
+    p._base_by_rank = base[order]
+    waiting = rng.permutation(n)[:2500]
+    ids = waiting[np.argsort(p._rank[waiting])]
+    chunks = list(p._exact_chunks(view, ids, p._rank[ids], head=5))
+    assert len(chunks) > 5
+    lax = (d[waiting] - view.now) - est[waiting]
+    exact = waiting[np.lexsort((waiting, -prio[waiting], d[waiting], lax))]
+    np.testing.assert_array_equal(np.concatenate(chunks), exact)
+
+
 # --- estimated_service_time_first and weighted_fair_share ---------------------------------------
 
 

@@ -34,23 +34,6 @@ def ranked_waiting(view, *keys_last_first) -> list:
     return w[np.lexsort((w, *(k(w) for k in keys_last_first)))]
 
 
-def ranked_lazily(view, *keys_last_first, head: int = 64):
-    """:func:`ranked_waiting`, lazily, as numpy chunks in rank order: only the ``head`` best by the
-    primary key (ties at the boundary included) are sorted first; the rest are sorted only if the walk
-    gets that far. Requests whose prompt cannot fit the KV room left now are dropped first (a walk
-    would skip them anyway). For an engine that stops taking admissions at its first refusal, most of
-    a long queue is never sorted. :func:`admissions_in_order` walks it."""
-    w = np.fromiter(view.waiting, dtype=np.int64, count=len(view.waiting))
-    w = w[view.input_tokens[w] <= view.model.max_kv_tokens - view.kv_used]
-    if len(w) <= 2 * head:
-        yield w[np.lexsort((w, *(k(w) for k in keys_last_first)))]
-        return
-    primary = keys_last_first[-1](w)
-    first = primary <= np.partition(primary, head)[head]
-    for part in (w[first], w[~first]):
-        yield part[np.lexsort((part, *(k(part) for k in keys_last_first)))]
-
-
 def fits(view, active: int, kv: int, prompt: int) -> bool:
     """The engine's hard admission limits: one more sequence, and its whole prompt in the KV cache."""
     m = view.model
@@ -63,8 +46,9 @@ def admissions_in_order(view, ranked, accept=None, kv_charge=None, limit=None):
 
     ``accept(i, active, kv)`` is a policy's extra filter applied after the hard limits;
     ``kv_charge(i)`` the KV a policy books for an admission (default: the prompt);
-    ``limit`` the most admissions in this step. ``ranked`` is a sequence of ids, or the numpy chunks
-    of :func:`ranked_lazily`.
+    ``limit`` the most admissions in this step. ``ranked`` is a sequence of ids, or an iterator of
+    numpy chunks of ids in rank order (produced lazily, so that a walk that stops early never ranks
+    the rest of a long queue).
 
     The walk is lazy: an engine that stops taking admissions at its first refusal stops the walk
     there too (a long queue is then not walked to its end at every step).
@@ -75,7 +59,7 @@ def admissions_in_order(view, ranked, accept=None, kv_charge=None, limit=None):
     if active >= slots:
         return
     if accept is None and kv_charge is None and not hasattr(ranked, "__len__"):
-        # chunks from ranked_lazily: the walk in numpy, a chunk at a time — the next request whose
+        # numpy chunks: the walk in numpy, a chunk at a time — the next request whose
         # prompt fits the KV room left, while a sequence slot is left
         prompts = view.input_tokens
         n = 0

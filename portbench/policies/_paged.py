@@ -8,7 +8,7 @@ Each call starts with :meth:`PagedPolicy._sync`, which brings that state up to t
 1. requests that left the engine (completed) are freed and forgotten;
 2. if the policy let the engine skip steps after its last call (:meth:`~PagedPolicy._let_skip`),
    the bookings of the decoders it kept then follow the engine's own count of their tokens
-   (``view.decoded``): one slot per token decoded in the skipped steps;
+   (``view.decoded_of``): one slot per token decoded in the skipped steps;
 3. running requests the policy does not track are adopted (defensive; never fires in normal runs).
 
 Admission (:meth:`PagedPolicy._admit`) walks a queue in order and *closes* at the first request

@@ -128,12 +128,10 @@ class FastServeMlfq(Policy):
         self._starve_from = min(self._starve_from, self._last_now + starvation)
         self._last_now = now
         if self._prev_running:
-            now_running = set(running)
-            for i in self._prev_running:
-                if i not in now_running:
-                    anchor[i] = dec[i]
-                    self.last_served_s[i] = now
-                    self._starve_from = min(self._starve_from, now + starvation)
+            for i in set(self._prev_running).difference(running):
+                anchor[i] = dec[i]
+                self.last_served_s[i] = now
+                self._starve_from = min(self._starve_from, now + starvation)
         self._prev_running = running
         # demotions, caught up from the tokens generated since each level began
         r = np.fromiter(running, dtype=np.int64, count=len(running))

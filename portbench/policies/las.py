@@ -49,10 +49,8 @@ class AttainedService:
     def update(self, view, dec) -> np.ndarray:
         running = view.running
         if self._running:
-            now = set(running)
-            for i in self._running:
-                if i not in now:
-                    self._seen[i] = dec[i]
+            for i in set(self._running).difference(running):       # evicted since the last call
+                self._seen[i] = dec[i]
         if running:
             r = np.fromiter(running, dtype=np.int64, count=len(running))
             d = dec[r]

@@ -105,7 +105,7 @@ class WaitingOrder:
         now_running = set(view.running)
         gone = [i for i in self.yielded if i in now_running or i not in t]     # admitted
         evicted = set(self.evicted)
-        evicted.update(i for i in self._running if i not in now_running)
+        evicted.update(set(self._running).difference(now_running))
         n_front = 0
         while n_front < len(t) and t[n_front] in evicted:
             n_front += 1
