@@ -64,8 +64,7 @@ class PagedPolicy(Policy):
     def _sync(self, view) -> None:
         """Reconcile completions, replay the steps the engine skipped, adopt untracked requests."""
         bm, rem = self._bm, self._rem
-        running = set(view.running)
-        for r in [r for r in rem if r not in running]:
+        for r in rem.keys() - set(view.running):    # left the engine (the order does not matter)
             bm.free(r)
             self._forget(r)
         skip_from, self._skip_from = self._skip_from, None

@@ -21,6 +21,7 @@ import numpy as np
 from ..sim import Decision
 from . import register
 from ._paged import PagedPolicy
+from .vllm_priority import WaitingOrder
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,7 +86,8 @@ class SlaiFaithful(PagedPolicy):
         order = np.lexsort((np.arange(view.n_requests), view.input_tokens))
         rank = np.empty(view.n_requests, dtype=np.int64)
         rank[order] = np.arange(view.n_requests)
-        self._prompt_rank, self._prompt_rank_array = rank.tolist(), rank
+        self._prompt_rank_array = rank
+        self._waiting = WaitingOrder()
         rule = self.rule
         self._never_skip = (rule.tbt_s - rule.theta_high * rule.step_s
                             < 3 * view.model.longest_quiet_step_s)
@@ -128,14 +130,13 @@ class SlaiFaithful(PagedPolicy):
         served = critical[:rule.decode_limit]
         used = len(served)
         used = self._prefill(prefilling, budget, used)
-        # admission, shortest prompt first (TBT is the same for every request)
-        if len(view.waiting) > 32:
-            w = np.fromiter(view.waiting, dtype=np.int64, count=len(view.waiting))
-            queue = w[np.argsort(self._prompt_rank_array[w])]
-        else:
-            queue = sorted(view.waiting, key=self._prompt_rank.__getitem__)
-        admit, used, closed = self._admit(view, queue, budget=budget, used=used,
+        # admission, shortest prompt first (TBT is the same for every request): the waiting queue
+        # kept in that fixed order across calls
+        rank = self._prompt_rank_array
+        waiting = self._waiting.get(view, lambda ids, _: rank[ids])
+        admit, used, closed = self._admit(view, waiting.ids, budget=budget, used=used,
                                           seqs=len(decoding) + len(prefilling), chunked=True)
+        waiting.yielded = admit
         # non-critical decodes get only the leftover
         for r in non_critical:
             if budget - used < 1 or len(served) >= rule.decode_limit:

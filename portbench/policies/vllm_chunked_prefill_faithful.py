@@ -37,11 +37,19 @@ class VllmChunkedPrefillFaithful(PagedPolicy):
         used = seqs = 0
         kept, preempted = [], []
         prefilled = False
-        if len(ordered) <= budget and not any(rem.values()):
-            # decoders only, one token each, all within the budget: the plain running pass
-            kept, preempted = self._running_pass(ordered)
-            used = seqs = len(kept)
-        pending = deque() if used or preempted else deque(ordered)
+        # When the free blocks cover every decoder the budget reaches, no decoder preempts anyone and
+        # the walk is that prefix, taken at once; otherwise it is walked request by request.
+        decoders, chunks = self._budget_prefix(ordered, budget)
+        if self._bm.append_slots_if_room(decoders):
+            for c, n in chunks:
+                rem[c] -= n
+                used += n
+            used += len(decoders)
+            seqs = len(decoders) + len(chunks)
+            kept, prefilled = decoders, bool(chunks)
+            pending = deque()
+        else:
+            pending = deque(ordered)
         while pending:
             c = pending[0]
             left = budget - used
@@ -70,3 +78,25 @@ class VllmChunkedPrefillFaithful(PagedPolicy):
             # scheduled at each of them, one slot each.
             wake = self._let_skip(view, kept)
         return Decision(admit=admit, preempt=preempted, wake_after_steps=wake)
+
+    def _budget_prefix(self, ordered, budget: int) -> tuple[list, list]:
+        """The running pass's walk over the mixed list without its block checks: the decoders it
+        serves (one token each) and the prefill chunks ``(request, tokens)``, oldest first, until
+        the budget is gone."""
+        rem = self._rem
+        used = 0
+        decoders, chunks = [], []
+        for c in ordered:
+            rc = rem[c]
+            if rc == 0:
+                if budget - used < 1:
+                    break
+                decoders.append(c)
+                used += 1
+            else:
+                n = min(rc, budget - used)
+                if n <= 0:
+                    break
+                chunks.append((c, n))
+                used += n
+        return decoders, chunks
