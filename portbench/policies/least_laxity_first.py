@@ -52,7 +52,8 @@ class LeastLaxityFirst(Policy):
     def schedule(self, view):
         rank = self._rank
         w = self._waiting.get(view, lambda ids, _: rank[ids])
-        return Decision(admit=admissions_in_order(view, self._exact_chunks(view, w.ids, w.keys)))
+        admit = admissions_in_order(view, self._exact_chunks(view, w.ids, w.keys))
+        return Decision(admit=_recorded(admit, w.yielded))
 
     def _exact_chunks(self, view, ids, ranks, head: int = 16):
         """The waiting requests ``ids`` (sorted by their fixed ``ranks``) in the exact key order, as
@@ -76,3 +77,11 @@ class LeastLaxityFirst(Policy):
             yield c
             pos = end
             head *= 4
+
+
+def _recorded(admissions, record: list):
+    """``admissions``, lazily, each noted in ``record`` as the engine takes it (the queue's update at
+    the next call starts from what was taken)."""
+    for i in admissions:
+        record.append(i)
+        yield i

@@ -63,7 +63,9 @@ class WaitingOrder:
     """The waiting queue sorted by key, kept up to date across a policy's calls.
 
     For a policy whose waiting requests' keys do not change while they wait (a fixed priority,
-    attained service, remaining output): pass one instance to :func:`admit_by_key` at every call;
+    attained service, remaining output): pass one instance to :func:`admit_by_key` at every call
+    — or, for a policy that walks the queue itself, call :meth:`get` at every call and set
+    ``yielded`` to the requests it admitted (as ``least_laxity_first`` and ``slai_faithful`` do);
     when some waiting requests' keys do change, say so with :meth:`rekey` (or :meth:`clear`).
     Between two calls the engine's queue only loses the admitted requests, gains evicted ones at
     its front and arrivals at its end: the sorted arrays are updated for those (checked against the
