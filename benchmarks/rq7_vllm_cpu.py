@@ -115,8 +115,9 @@ def shared_lambda_refs(args, out) -> dict:
             for wid, entry in meta.get("lambda_ref_real", {}).items() if wid in windows}
 
 
-def plan(args, out, tag):
-    """Runs to do and an estimated duration (s), from earlier runs on disk where there are any."""
+def plan(args, out, tag, shared: dict):
+    """Runs to do and an estimated duration (s), from earlier runs on disk where there are any;
+    ``shared``: the λ_ref entries reused from another case (:func:`shared_lambda_refs`)."""
     windows = case_windows(args)
     n_runs = len(windows) * len(POLICIES) * args.repetitions
     done, cal_done = progress_on_disk(out, tag, args.fresh)
@@ -134,7 +135,7 @@ def plan(args, out, tag):
                 break
     run_s = float(np.mean(walls)) if walls else DEFAULT_RUN_S
     todo = max(0, n_runs - done)
-    searches = max(0, len(windows) - max(cal_done, len(shared_lambda_refs(args, out))))
+    searches = max(0, len(windows) - max(cal_done, len(shared)))
     retry = 1.2                                  # expected attempts per run (some re-runs)
     calib_replays = searches * (2 + args.bisection_steps)          # bracket, bisection
     # A replay lasts about its arrival span, ∝ 1/λ: the bracket's low end (λ_ref / bracket_factor)
@@ -188,7 +189,8 @@ def main():
 
     out = realengine_dir(args.data_dir)
     tag = args.tag
-    est = plan(args, out, tag)
+    shared = shared_lambda_refs(args, out)
+    est = plan(args, out, tag, shared)
     print(f"plan [{tag}]: {len(args.sources)} sources x {args.windows_per_source} windows x "
           f"{len(POLICIES)} policies ({', '.join(POLICIES)}; FCFS = {BASELINE}) x {args.repetitions} "
           f"repetitions at {REGION} = {est['runs_total']} runs ({est['runs_done']} done, "
@@ -212,7 +214,7 @@ def main():
                     repetitions=args.repetitions, drift_tolerance=args.drift_tolerance,
                     max_retries=args.max_retries, retry_wait_s=args.retry_wait_s,
                     resume=not args.fresh, time_budget_s=budget, tag=f"{tag}_case",
-                    data_dir=args.data_dir, lambda_refs=shared_lambda_refs(args, out), shape=SHAPE)
+                    data_dir=args.data_dir, lambda_refs=shared, shape=SHAPE)
     if len(runs):
         print("mean ANWG by source and policy:", flush=True)
         print(runs.pivot_table(index="source", columns="policy", values="anwg").to_string(), flush=True)

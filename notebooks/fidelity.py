@@ -93,11 +93,6 @@ def real_file(tag: str, name: str) -> Path:
     return realengine_dir() / f"{tag}_{name}"
 
 
-def predicted_step_s(cost: StepCost, prefill, decode, context) -> np.ndarray:
-    """The cost model's step time (gap excluded) for batches given column by column."""
-    return (cost.fixed_s + cost.per_prefill_token_s * np.asarray(prefill, dtype=float)
-            + cost.per_decode_seq_s * np.asarray(decode, dtype=float)
-            + cost.per_context_token_s * np.asarray(context, dtype=float))
 
 # %% [markdown]
 # ## 1. The cost model, refitted to the real engine's step profile
@@ -120,7 +115,7 @@ if cost_path.exists() and profile_path.exists():
     glue("fid_gap_ms", cost.gap_s * 1e3, display=False)
     print(f"{cost}\nmedian relative error of the fit: {fit['fit_median_rel_error']:.1%} over "
           f"{fit['profile_rows']} clean profile steps")
-    pred = predicted_step_s(cost, profile["prefill_tokens"], profile["decode_seqs"], profile["kv_context_tokens"])
+    pred = fidelity.predicted_step_s(cost, profile["prefill_tokens"], profile["decode_seqs"], profile["kv_context_tokens"])
     fig, ax = plt.subplots(figsize=(4.5, 4))
     ax.scatter(profile["step_s"] * 1e3, pred * 1e3, s=8, c=np.log1p(profile["decode_seqs"]), cmap="viridis")
     lim = [0, float(max(profile["step_s"].max(), pred.max()) * 1e3 * 1.05)]
@@ -186,10 +181,7 @@ if cost is not None and runs_path.exists():
     keys = ["window_id", "policy", "repetition"]
     run_err = run_err.merge(runs[keys + ["host_flagged", "drift", "lambda_pinned"]], on=keys)
     if len(steps):
-        ratio = steps.assign(r=steps["duration_s"] / predicted_step_s(
-            cost, steps["prefill_tokens"], steps["decode_seqs"], steps["context_tokens"]))
-        run_err = run_err.merge(ratio.groupby(keys)["r"].median().rename("step_ratio").reset_index(),
-                                on=keys, how="left")
+        run_err = run_err.merge(fidelity.step_ratios(steps, cost), on=keys, how="left")
     else:
         run_err["step_ratio"] = np.nan
     run_err["abs_error"] = (run_err["anwg_sim"] - run_err["anwg_real"]).abs()

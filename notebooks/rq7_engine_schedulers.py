@@ -386,15 +386,11 @@ if real_engine_run and real_runs_path.exists() and real_cost_path.exists():
     # the guard against the runs' own steps: each run's median step time ÷ the refitted cost's
     all_runs = pd.read_parquet(real_runs_path)
     steps = pd.read_parquet(real_dir / f"{real_engine_run}_case_steps.parquet")
-    steps = steps[steps["kept"]]
-    predicted = (real_cost.fixed_s + real_cost.per_prefill_token_s * steps["prefill_tokens"]
-                 + real_cost.per_decode_seq_s * steps["decode_seqs"]
-                 + real_cost.per_context_token_s * steps["context_tokens"])
     keys = ["window_id", "policy", "repetition"]
-    ratio = (steps.assign(ratio=steps["duration_s"] / predicted).groupby(keys)["ratio"].median()
-             .reset_index().merge(all_runs[keys + ["host_flagged", "drift", "n_attempts"]], on=keys))
-    by_flag = ratio.groupby("host_flagged")["ratio"].median()
-    pairs = ratio.pivot_table(index=["window_id", "policy"], columns="repetition", values="ratio")
+    ratio = fidelity.step_ratios(steps, real_cost).merge(
+        all_runs[keys + ["host_flagged", "drift", "n_attempts"]], on=keys)
+    by_flag = ratio.groupby("host_flagged")["step_ratio"].median()
+    pairs = ratio.pivot_table(index=["window_id", "policy"], columns="repetition", values="step_ratio")
     glue("rq7_real_ratio_accepted", float(by_flag.get(False, np.nan)), display=False)
     glue("rq7_real_ratio_flagged", float(by_flag.get(True, np.nan)), display=False)
     glue("rq7_real_ratio_spread", float((pairs.max(axis=1) / pairs.min(axis=1) - 1).median()), display=False)

@@ -159,6 +159,26 @@ def simulate_counterpart(window, policy: str, cost, *, kv_tokens: int = 500_000,
     return result, refused
 
 
+def predicted_step_s(cost, prefill, decode, context) -> np.ndarray:
+    """The cost model's step time (gap excluded) for batches given column by column."""
+    return (cost.fixed_s + cost.per_prefill_token_s * np.asarray(prefill, dtype=float)
+            + cost.per_decode_seq_s * np.asarray(decode, dtype=float)
+            + cost.per_context_token_s * np.asarray(context, dtype=float))
+
+
+def step_ratios(steps: pd.DataFrame, cost) -> pd.DataFrame:
+    """Each run's **step ratio**: the median, over the steps of a real-engine case's step log, of the
+    real step time ÷ ``cost``'s time for the same batch (about 1 when the engine ran at its profiled
+    speed). Columns ``window_id, policy, repetition, step_ratio``; only the kept attempt's steps
+    where the log says which (``kept``)."""
+    if "kept" in steps:
+        steps = steps[steps["kept"].astype(bool)]
+    keys = ["window_id", "policy", "repetition"]
+    ratio = steps["duration_s"] / predicted_step_s(cost, steps["prefill_tokens"], steps["decode_seqs"],
+                                                  steps["context_tokens"])
+    return steps.assign(step_ratio=ratio).groupby(keys)["step_ratio"].median().reset_index()
+
+
 def sim_vs_real(runs: pd.DataFrame, requests: pd.DataFrame, windows: dict, cost, *,
                 kv_tokens: int = 500_000, exclude_host_flagged: bool = False
                 ) -> tuple[pd.DataFrame, pd.DataFrame, dict]:

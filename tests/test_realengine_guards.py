@@ -459,3 +459,15 @@ def test_a_probe_warms_up_then_reports_the_median_replay():
     assert realengine.PROBE_WARMUP == 1 and realengine.PROBE_REPEATS == 3
     assert figures["wall_s"] == 1.3 and figures["walls_s"] == [1.0, 1.3, 5.0]
     assert figures["mean_step_s"] == 0.25 and figures["n_steps"] == 2
+
+
+def test_step_ratio_is_the_median_real_over_modelled_step_of_the_kept_attempt():
+    cost = StepCost(fixed_s=1e-3, per_prefill_token_s=1e-5, per_decode_seq_s=1e-4)
+    steps = pd.DataFrame({"window_id": "w", "policy": "fifo", "repetition": 0,
+                          "kept": [True, True, True, False],
+                          "prefill_tokens": [100, 0, 0, 0], "decode_seqs": [0, 10, 10, 10],
+                          "context_tokens": [0, 0, 0, 0],
+                          "duration_s": [2e-3, 4e-3, 2e-3, 1.0]})   # ratios 1, 2, 1 (the 4th not kept)
+    out = fidelity.step_ratios(steps, cost)
+    assert out.to_dict("records") == [{"window_id": "w", "policy": "fifo", "repetition": 0,
+                                       "step_ratio": pytest.approx(1.0)}]
