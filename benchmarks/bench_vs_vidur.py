@@ -8,10 +8,16 @@ model; the same run walked step by step must give identical results.
 
     python benchmarks/bench_vs_vidur.py [--scale 0.5] [--windows 100] [--no-reference]
     python benchmarks/bench_vs_vidur.py --table [--repeats 3]     # every registered policy, side by side
+    python benchmarks/bench_vs_vidur.py --engine-share --policies slai_faithful las
 
 ``--table`` times every registered policy (or ``--policies``) in one process, ``--repeats`` times
 each, interleaved with FCFS, and prints the median, the spread (min–max) and the ratio to FCFS
 measured in the same rounds — on a shared machine the ratio is the figure to trust.
+
+``--engine-share`` splits a policy's run into the policy's part and the engine's: the run's decisions
+are recorded, then replayed by a policy that only returns them (the same steps, admissions and
+timers, so the engine does the same work); the replay's time is the engine's share, and what a
+policy with free decisions could reach at most on this trace.
 """
 
 import argparse
@@ -49,9 +55,13 @@ def main():
     ap.add_argument("--table", action="store_true", help="every policy side by side (no reference)")
     ap.add_argument("--policies", nargs="+", help="with --table: these policies (default: all)")
     ap.add_argument("--repeats", type=int, default=3, help="with --table: rounds per policy")
+    ap.add_argument("--engine-share", action="store_true",
+                    help="time each policy's run against a replay of its decisions (the engine alone)")
     args = ap.parse_args()
     if args.table:
         return table(args)
+    if args.engine_share:
+        return engine_share(args)
 
     trace = scale(long_trace(args.windows), args.scale)
     model = VllmV1Model()
@@ -110,6 +120,79 @@ def table(args):
         w = float(np.median(walls))
         print(f"{name:32s} {w:9.2f} {min(walls):6.2f}–{max(walls):<6.2f} {n / w:9,.0f} "
               f"{float(np.median(ratios)):13.2f}")
+
+
+class _Recorder(sim.Policy):
+    """Runs ``policy`` and records each decision as the engine took it (the admissions it consumed)."""
+
+    def __init__(self, policy):
+        self.policy, self.name, self.log = policy, policy.name, []
+        self.admission_only = policy.admission_only      # asked at the same steps as the policy
+
+    def reset(self, view):
+        self.policy.reset(view)
+
+    def schedule(self, view):
+        d = self.policy.schedule(view)
+        taken = []
+        self.log.append((view.step, taken, list(d.preempt), d.hold, d.wake_at_s, d.wake_after_steps))
+        return sim.Decision(admit=_noted(d.admit, taken), preempt=self.log[-1][2], hold=d.hold,
+                            wake_at_s=d.wake_at_s, wake_after_steps=d.wake_after_steps)
+
+
+def _noted(admissions, taken: list):
+    for i in admissions:
+        taken.append(i)
+        yield i
+
+
+class _Replay(sim.Policy):
+    """Returns the recorded decisions, in order (checks that it is asked at the same steps)."""
+
+    name = "replay"
+
+    def __init__(self, log, admission_only: bool):
+        self.log, self.admission_only = log, admission_only
+
+    def reset(self, view):
+        self.k = 0
+
+    def schedule(self, view):
+        step, admit, preempt, hold, wake_at_s, wake_after_steps = self.log[self.k]
+        self.k += 1
+        if step != view.step:
+            raise RuntimeError(f"the replay drifted: asked at step {view.step}, recorded {step}")
+        return sim.Decision(admit=admit, preempt=preempt, hold=hold, wake_at_s=wake_at_s,
+                            wake_after_steps=wake_after_steps)
+
+
+def engine_share(args):
+    trace = scale(long_trace(args.windows), args.scale)
+    model = VllmV1Model()
+    names = args.policies or ["fifo"]
+    n = len(trace)
+    print(f"{n} requests (scale {args.scale}), vllm_v1; per policy, {args.repeats} rounds of: the "
+          "policy's run, then the replay of its decisions (the engine's share)")
+    print(f"{'policy':24s} {'calls':>7s} {'run s':>6s} {'engine s':>9s} {'policy us/call':>15s} "
+          f"{'engine us/call':>15s} {'engine-only req/s':>18s}")
+    for name in names:
+        rec = _Recorder(make_policy(name))
+        sim.simulate(scale(long_trace(1), args.scale), make_policy(name), model)
+        first = sim.simulate(trace, rec, model)
+        runs, replays = [], []
+        for _ in range(args.repeats):
+            t = time.perf_counter()
+            sim.simulate(trace, make_policy(name), model)
+            runs.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            again = sim.simulate(trace, _Replay(rec.log, rec.admission_only), model)
+            replays.append(time.perf_counter() - t)
+        if not np.array_equal(first.finish_s, again.finish_s, equal_nan=True):
+            raise RuntimeError(f"{name}: the replay did not reproduce the run")
+        calls = len(rec.log)
+        run, eng = float(np.median(runs)), float(np.median(replays))
+        print(f"{name:24s} {calls:7d} {run:6.2f} {eng:9.2f} {(run - eng) / calls * 1e6:15.0f} "
+              f"{eng / calls * 1e6:15.0f} {n / eng:18,.0f}")
 
 
 if __name__ == "__main__":

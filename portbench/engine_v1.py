@@ -304,6 +304,7 @@ class _V1Engine:
         self.admit_ps = [-1] * n
         self.free_blocks = model.max_kv_tokens // model.block_size
         self.waiting: list[int] = []
+        self.waiting_version = 0        # counts changes of `waiting` (the view reuses its tuple)
         self.is_waiting = [False] * n
         self.running: list[int] = []
         self.step = 0
@@ -337,6 +338,7 @@ class _V1Engine:
             self.waiting.insert(0, i)
         else:
             self.waiting.append(i)
+        self.waiting_version += 1
         self.is_waiting[i] = True
         heapq.heappush(self._wait_heap, (int(self.st[i, TARGET]), i))
 
@@ -475,6 +477,7 @@ class _V1Engine:
                 self.free_blocks -= need
                 st[i, BLOCKS] = need
                 self.waiting.remove(i)
+                self.waiting_version += 1
                 self.is_waiting[i] = False
                 running.append(i)
                 if self.admit_ps[i] < 0:

@@ -117,7 +117,7 @@ class EngineView:
 
     __slots__ = ("model", "step", "now", "prev_step_start_s", "prev_kv_used", "waiting", "running",
                  "arrival_s", "deadline_s", "input_tokens", "predicted_output_tokens", "priority", "_decoded",
-                 "kv_used", "n_requests", "refused", "_engine")
+                 "kv_used", "n_requests", "refused", "_engine", "_waiting_seen")
 
     def __init__(self, engine: "_Engine"):
         self._engine = engine
@@ -128,6 +128,7 @@ class EngineView:
         self.predicted_output_tokens = engine.predicted
         self.priority = engine.priority
         self.n_requests = engine.n
+        self._waiting_seen = -1             # the engine's queue version the tuple below shows
 
     def refresh(self):
         e = self._engine
@@ -135,7 +136,9 @@ class EngineView:
         self.now = e.step * e.model.step_s
         self.prev_step_start_s = (e.step - 1) * e.model.step_s   # the step before (run or skipped)
         self.prev_kv_used = e.prev_kv_used                        # KV in use when it started
-        self.waiting = tuple(e.waiting)
+        if e.waiting_version != self._waiting_seen:     # the same tuple while the queue is unchanged
+            self.waiting = tuple(e.waiting)
+            self._waiting_seen = e.waiting_version
         self.running = tuple(e.running)
         self._decoded = e.decoded
         self.kv_used = e.kv_used()
@@ -254,6 +257,7 @@ class _Engine:
         self.first_step = [-1] * n          # step whose decode produced the first token ever
         self.finish_step = [-1] * n         # step whose decode produced the last token
         self.waiting: list[int] = []
+        self.waiting_version = 0            # counts changes of `waiting` (the view reuses its tuple)
         self.running: list[int] = []
         self._kv_running = 0                # Σ (prompt + decoded) over running requests
         self.prev_kv_used = 0               # KV in use at the start of the step before this one
@@ -275,16 +279,18 @@ class _Engine:
             return
         self.step = self.visible[order[0]]
         last_step = None                    # set when the last arrival is enqueued
+        lazy = event_skipping and self.policy.admission_only
         while True:
             s = self.step
             # 1. visibility
             while next_arrival < n and self.visible[order[next_arrival]] <= s:
                 self.waiting.append(order[next_arrival])
+                self.waiting_version += 1
                 next_arrival += 1
             if last_step is None and next_arrival == n:
                 last_step = s + m.drain_steps - 1
-            # 2. scheduling
-            if self.waiting or self.running:
+            # 2. scheduling (an admission-only policy has nothing to decide while the queue is empty)
+            if self.waiting or (self.running and not lazy):
                 decision = check_decision(self.policy, self.policy.schedule(view.refresh()))
             else:
                 decision = NOTHING
@@ -316,9 +322,10 @@ class _Engine:
     def _next_event_step(self, decision, next_arrival, order) -> int:
         s = self.step
         t = self.visible[order[next_arrival]] if next_arrival < self.n else NEVER
+        out, decoded = self.out, self.decoded
         for i in self.running:
             # a request completes during step (s + remaining - 1) and frees its slot for the step after
-            done = s + self.out[i] - self.decoded[i]
+            done = s + out[i] - decoded[i]
             if done < t:
                 t = done
         wake = s + decision.wake_after_steps
@@ -340,6 +347,7 @@ class _Engine:
             self._kv_running -= self.inp[i] + self.decoded[i]
             self.decoded[i] = 0           # recompute preemption: generated tokens are lost
             self.waiting.insert(0, i)
+            self.waiting_version += 1
             self.n_preemptions += 1
         self.refused = ()
         if not d.admit:
@@ -369,25 +377,29 @@ class _Engine:
         if admitted:
             gone = set(admitted)
             self.waiting = [i for i in self.waiting if i not in gone]
+            self.waiting_version += 1
         return bool(admitted)
 
     def _decode(self, s: int, span: int, hold) -> None:
+        first, finish, out, decoded, inp = self.first_step, self.finish_step, self.out, self.decoded, self.inp
+        kv = self._kv_running
         still = []
         for i in self.running:
-            if i in hold:
+            if hold and i in hold:
                 still.append(i)
                 continue
-            if self.first_step[i] < 0:          # the first token ever produced
-                self.first_step[i] = s
-            left = self.out[i] - self.decoded[i]
+            if first[i] < 0:                    # the first token ever produced
+                first[i] = s
+            left = out[i] - decoded[i]
             if left <= span:
-                self.decoded[i] = self.out[i]
-                self.finish_step[i] = s + left - 1
-                self._kv_running -= self.inp[i] + self.out[i] - left
+                decoded[i] = out[i]
+                finish[i] = s + left - 1
+                kv -= inp[i] + out[i] - left
             else:
-                self.decoded[i] += span
-                self._kv_running += span
+                decoded[i] += span
+                kv += span
                 still.append(i)
+        self._kv_running = kv
         self.running = still
 
     def result(self, window: Window) -> RunResult:

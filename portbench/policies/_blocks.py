@@ -84,29 +84,18 @@ class BlockManager:
         of steps ahead at which some append first finds no free block (a preemption); inf if none.
 
         A request holding T tokens needs a new block at future step j when T + j - 1 is a multiple of
-        the block size, so its crossings come at j0, j0 + bs, ...; the appends of a step fail once the
-        crossings up to and including that step outnumber the free blocks.
+        the block size, so its crossings come at x, x + bs, ... with x in 1..bs. Writing
+        j = m * bs + r (0 <= r < bs), the crossings up to and including step j number
+        m * R + #{x <= r} over the R requests; the appends of a step fail once that exceeds the free
+        blocks, which gives j in closed form.
         """
         bs = self.block_size
-        firsts = []
-        for r in ids:
-            j0 = (1 - self.tokens[r]) % bs
-            firsts.append(j0 if j0 else bs)
-        if not firsts:
+        xs = sorted((1 - self.tokens[r]) % bs or bs for r in ids)
+        if not xs:
             return math.inf
-        free = self.free_blocks
-
-        def crossings(j):
-            return sum((j - j0) // bs + 1 for j0 in firsts if j0 <= j)
-
-        lo, hi = 1, bs * (free + 1)            # crossings(hi) >= free + 1 with one request
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if crossings(mid) > free:
-                hi = mid
-            else:
-                lo = mid + 1
-        return lo
+        m, rem = divmod(self.free_blocks, len(xs))
+        x = xs[rem]                       # the (rem + 1)-th crossing within a block period
+        return m * bs + x if x < bs else (m + 1) * bs
 
 
 def reserve_slot(bm: BlockManager, c: int, pending, preempted: list, drop=None) -> bool:

@@ -41,7 +41,7 @@ something can be admitted, and those follow an event; the promotion is applied a
 
 from __future__ import annotations
 
-import math
+import heapq
 
 import numpy as np
 
@@ -110,10 +110,37 @@ class FastServeMlfq(Policy):
         self.last_served_s = np.array(view.arrival_s, dtype=np.float64)
         self._prev_running: tuple = ()
         self._tie = arrival_rank(view)
-        self._waiting = WaitingOrder()      # waiting levels change only by promotion
-        # No waiting request can starve before this time (a lower bound; see schedule).
-        self._starve_from = -math.inf
-        self._last_now = -math.inf
+        # waiting levels change only by promotion; the queue's tally is kept as it changes
+        self._waiting = WaitingOrder(on_change=self._queue_changed)
+        self._queued: set = set()                             # the waiting requests
+        self._per_level = np.zeros(top, dtype=np.int64)      # waiting requests per evict_level
+        self._counted = np.zeros(n, dtype=np.int64)          # the evict_level each was counted at
+        # (last served, request) of every time a request started waiting: the oldest first
+        self._since = sorted(zip(view.arrival_s.tolist(), range(n)))
+
+    def _queue_changed(self, gone, new):
+        queued, per_level, counted = self._queued, self._per_level, self._counted
+        if gone is None:
+            queued.clear()
+            per_level[:] = 0
+        elif len(gone) > 8:
+            gone = np.asarray(gone, dtype=np.int64)
+            queued.difference_update(gone.tolist())
+            per_level -= np.bincount(counted[gone], minlength=len(per_level))
+        else:
+            for i in gone:
+                queued.discard(i)
+                per_level[counted[i]] -= 1
+        if len(new) > 8:
+            new = np.asarray(new, dtype=np.int64)
+            queued.update(new.tolist())
+            counted[new] = lv = self.evict_level[new]
+            per_level += np.bincount(lv, minlength=len(per_level))
+        else:
+            for i in new:
+                queued.add(i)
+                counted[i] = lv = self.evict_level[i]
+                per_level[lv] += 1
 
     def schedule(self, view):
         dec = view.decoded
@@ -123,15 +150,12 @@ class FastServeMlfq(Policy):
         # Requests that ran at the last call and no longer do were evicted (or finished): a fresh
         # quantum at their level, and their wait for service starts now.
         starvation = self.starvation_s
-        # Requests that arrived since the last call did so after it: they starve after
-        # last call + starvation_s at the earliest.
-        self._starve_from = min(self._starve_from, self._last_now + starvation)
-        self._last_now = now
+        since_heap, last_served = self._since, self.last_served_s
         if self._prev_running:
             for i in set(self._prev_running).difference(running):
                 anchor[i] = dec[i]
-                self.last_served_s[i] = now
-                self._starve_from = min(self._starve_from, now + starvation)
+                last_served[i] = now
+                heapq.heappush(since_heap, (now, i))
         self._prev_running = running
         # demotions, caught up from the tokens generated since each level began
         r = np.fromiter(running, dtype=np.int64, count=len(running))
@@ -149,19 +173,23 @@ class FastServeMlfq(Policy):
         evict_level = self.evict_level
         evict_key = lambda ids: ranked_key(evict_level[ids], ids, len(ids), tie)   # noqa: E731
         w = self._waiting.get(view, key, evict_key).ids
-        if len(w) and now >= self._starve_from:
-            late = w[level[w] > 0]
-            since = self.last_served_s[late]
-            starving = late[now - since >= starvation]
-            self._starve_from = float((since[now - since < starvation]).min(initial=math.inf)) + starvation
-            if len(starving):
-                level[starving] = 0
-                anchor[starving] = dec[starving]
-                self._waiting.rekey(starving, key, evict_key)
+        # starvation: waiting requests below level 0 not served for starvation_s, found from the
+        # oldest "last served" on (entries of requests since served again or gone are stale)
+        starving = []
+        queued = self._queued
+        while since_heap and now - since_heap[0][0] >= starvation:
+            since, i = heapq.heappop(since_heap)
+            if i in queued and level[i] > 0 and last_served[i] == since:
+                level[i] = 0
+                starving.append(i)
+        if starving:
+            starving = np.array(starving, dtype=np.int64)
+            anchor[starving] = dec[starving]
+            self._waiting.rekey(starving, key, evict_key)
         admit, preempt = admit_by_key(view, key, evict_key, decoded=dec, cache=self._waiting)
         wake = NEVER
         if len(w) and len(r):
-            wake = self._next_crossing(r, np.flatnonzero(np.bincount(evict_level[w])), dec)
+            wake = self._next_crossing(r, np.flatnonzero(self._per_level), dec)
         return Decision(admit=admit, preempt=preempt, wake_after_steps=wake)
 
     def _next_crossing(self, r, waiting_levels, dec) -> float:

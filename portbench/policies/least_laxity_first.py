@@ -1,5 +1,7 @@
 """``least_laxity_first``: smallest (deadline - now) - est first, as the study implemented it."""
 
+import bisect
+
 import numpy as np
 
 from ..sim import Decision, Policy
@@ -68,8 +70,8 @@ class LeastLaxityFirst(Policy):
             end = min(n, pos + head)
             if end < n:
                 beyond = np.searchsorted(base_by_rank, base_by_rank[ranks[end - 1]] + self._near, side="right")
-                end = int(np.searchsorted(ranks, beyond))
-            c = ids[pos:end]
+                end = bisect.bisect_left(ranks, int(beyond))
+            c = np.array(ids[pos:end], dtype=np.int64)
             dc = d[c]
             lax = (dc - now) - est[c]
             if len(c) > 1 and not (lax[1:] > lax[:-1]).all():      # a tie or an inversion: sort

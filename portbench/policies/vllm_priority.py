@@ -68,30 +68,38 @@ class WaitingOrder:
     ``yielded`` to the requests it admitted (as ``least_laxity_first`` and ``slai_faithful`` do);
     when some waiting requests' keys do change, say so with :meth:`rekey` (or :meth:`clear`).
     Between two calls the engine's queue only loses the admitted requests, gains evicted ones at
-    its front and arrivals at its end: the sorted arrays are updated for those (checked against the
+    its front and arrivals at its end: the sorted lists are updated for those (checked against the
     queue, else rebuilt).
+
+    After :meth:`get`: ``ids`` (request ids), ``keys`` (their keys, ascending) and ``ekeys`` (their
+    eviction keys, or None), plain lists of ints — a few insertions into or deletions from a sorted
+    list cost far less than rebuilding an array of thousands.
     """
 
-    def __init__(self):
+    #: Changes larger than this rebuild the lists in numpy instead of editing them in place.
+    _EDIT_LIMIT = 32
+
+    def __init__(self, on_change=None):
         self.clear()
         self._running: tuple = ()
         self.yielded: list = []          # admissions proposed at the last call (as consumed)
         self.evicted: list = []          # evictions decided at the last call
-        self._mark = None                # scratch flags, one per request
+        # on_change(gone, new): requests ``gone`` left the queue and ``new`` joined it (gone None:
+        # the queue is now exactly ``new``), for a policy that keeps its own tally of the queue
+        self.on_change = on_change
 
     def clear(self):
         self.waiting = None
+        self._key_of = np.zeros(0, dtype=np.int64)      # each waiting request's key, by id
 
     def get(self, view, key, evict_key=None):
         t = view.waiting
-        if t != self.waiting:
-            # (a short queue is cheaper to sort again than to update)
-            if self.waiting is None or len(t) < 256 or not self._update(t, view, key, evict_key):
+        if t is not self.waiting and t != self.waiting:
+            if self.waiting is None or not self._update(t, view, key, evict_key):
                 ids = np.fromiter(t, dtype=np.int64, count=len(t))
-                k = key(ids, len(t))
-                order = np.argsort(k)
-                self.ids, self.keys = ids[order], k[order]
-                self.ekeys = None if evict_key is None else evict_key(self.ids)
+                self._rebuild(ids, key(ids, len(ids)), None if evict_key is None else evict_key(ids))
+                if self.on_change is not None:
+                    self.on_change(None, self.ids)
             self.waiting = t
         self._running = view.running
         self.yielded, self.evicted = [], []
@@ -102,10 +110,19 @@ class WaitingOrder:
         if self.waiting is not None and len(ids):
             self._replace(ids, ids, key, evict_key)
 
+    def _rebuild(self, ids, keys, ekeys):
+        """The lists from unsorted arrays of ids, their keys and eviction keys (or None)."""
+        order = np.argsort(keys)
+        ids, keys = ids[order], keys[order]
+        self.ids, self.keys = ids.tolist(), keys.tolist()
+        self.ekeys = None if ekeys is None else ekeys[order].tolist()
+        self._note_keys(ids, keys)
+
     def _update(self, t, view, key, evict_key) -> bool:
         old = self.waiting
         now_running = set(view.running)
-        gone = [i for i in self.yielded if i in now_running or i not in t]     # admitted
+        refused = {i for i, _ in view.refused}      # proposed, refused: still waiting
+        gone = [i for i in self.yielded if i in now_running or (i not in refused and i not in t)]
         evicted = set(self.evicted)
         evicted.update(set(self._running).difference(now_running))
         n_front = 0
@@ -127,35 +144,63 @@ class WaitingOrder:
     def _replace(self, gone, new, key, evict_key):
         """Drop requests ``gone`` and insert requests ``new`` (with their keys now)."""
         ids, keys, ekeys = self.ids, self.keys, self.ekeys
-        if len(gone):
-            top = max(int(max(gone)), int(ids.max()) if len(ids) else 0) + 1
-            if self._mark is None or len(self._mark) < top:
-                self._mark = np.zeros(max(top, 2 * (0 if self._mark is None else len(self._mark))),
-                                      dtype=bool)
-            self._mark[gone] = True
-            keep = ~self._mark[ids]
-            self._mark[gone] = False
+        gone = [int(i) for i in gone]
+        g = len(gone)
+        if g and (ids[:g] == gone or set(ids[:g]) == set(gone)):
+            # the usual case: admissions leave from the front
+            del ids[:g], keys[:g]
+            if ekeys is not None:
+                del ekeys[:g]
+            g = 0
+        if g > self._EDIT_LIMIT or len(new) > self._EDIT_LIMIT:
+            self._rebuild_with(gone if g else [], new, key, evict_key)
+        else:
+            key_of = self._key_of
+            for i in gone[:g]:
+                at = bisect.bisect_left(keys, int(key_of[i]))
+                del ids[at], keys[at]
+                if ekeys is not None:
+                    del ekeys[at]
+            if len(new):
+                nid = np.array(new, dtype=np.int64)
+                nk = key(nid, len(nid))
+                nek = None if ekeys is None else evict_key(nid).tolist()
+                for j, (i, k) in enumerate(zip(nid.tolist(), nk.tolist())):
+                    at = bisect.bisect_left(keys, k)
+                    ids.insert(at, i)
+                    keys.insert(at, k)
+                    if ekeys is not None:
+                        ekeys.insert(at, nek[j])
+                self._note_keys(nid, nk)
+        if self.on_change is not None:
+            self.on_change(gone, new)
+
+    def _rebuild_with(self, gone: list, new, key, evict_key):
+        """:meth:`_replace` for many requests at once, in numpy."""
+        ids = np.array(self.ids, dtype=np.int64)
+        keys = np.array(self.keys, dtype=np.int64)
+        ekeys = None if self.ekeys is None else np.array(self.ekeys, dtype=np.int64)
+        if gone:
+            keep = np.ones(len(ids), dtype=bool)
+            keep[np.searchsorted(keys, self._key_of[gone])] = False
             ids, keys = ids[keep], keys[keep]
             ekeys = None if ekeys is None else ekeys[keep]
         if len(new):
             nid = np.array(new, dtype=np.int64)
-            nk = key(nid, len(nid))
-            o = np.argsort(nk)
-            nid, nk = nid[o], nk[o]
-            at = np.searchsorted(keys, nk) + np.arange(len(nk))      # their places in the result
-            old_at = np.ones(len(keys) + len(nk), dtype=bool)
-            old_at[at] = False
-            ids, keys = _merge(ids, nid, at, old_at), _merge(keys, nk, at, old_at)
+            ids, keys = np.concatenate((ids, nid)), np.concatenate((keys, key(nid, len(nid))))
             if ekeys is not None:
-                ekeys = _merge(ekeys, evict_key(nid), at, old_at)
-        self.ids, self.keys, self.ekeys = ids, keys, ekeys
+                ekeys = np.concatenate((ekeys, evict_key(nid)))
+        self._rebuild(ids, keys, ekeys)
 
-
-def _merge(old, new, at, old_at):
-    out = np.empty(len(old) + len(new), dtype=old.dtype)
-    out[at] = new
-    out[old_at] = old
-    return out
+    def _note_keys(self, ids, keys):
+        """Remember the keys of requests ``ids`` (arrays), to find them again when they leave."""
+        if len(ids):
+            top = int(ids.max()) + 1
+            if len(self._key_of) < top:
+                grown = np.zeros(max(top, 2 * len(self._key_of)), dtype=np.int64)
+                grown[:len(self._key_of)] = self._key_of
+                self._key_of = grown
+            self._key_of[ids] = keys
 
 
 def admit_by_key(view, key, evict_key=None, decoded=None, cache: WaitingOrder | None = None):
@@ -182,21 +227,31 @@ def admit_by_key(view, key, evict_key=None, decoded=None, cache: WaitingOrder | 
         return [], []
     m = view.model
     slots = min(m.max_active_sequences, m.max_batch_tokens)
+    inp = view.input_tokens
+    room = m.max_kv_tokens
+    ids = w.ids
+    if nr + 1 <= slots and view.kv_used + inp[ids[0]] <= room:
+        # the first request fits the engine as it is: the walk below would only admit
+        return _fitting(ids, 0, inp, slots - nr, room - view.kv_used, w.yielded), w.evicted
     head = 0                                  # waiting requests up to the last that may evict
     if nr:
         rids = np.fromiter(view.running, dtype=np.int64, count=nr)
         kr = key(rids, 0)
-        lowest = kr.max()
-        ahead = int(np.searchsorted(w.keys, lowest))   # waiting ranked above the lowest running
+        lowest = int(kr.max())
+        ahead = bisect.bisect_left(w.keys, lowest)     # waiting ranked above the lowest running
         if w.ekeys is None:
             head = ahead
-        elif ahead:
-            allowed = np.flatnonzero(w.ekeys[:ahead] < lowest)
-            head = int(allowed[-1]) + 1 if len(allowed) else 0
+        else:
+            # the last of them that may evict: a few looked at in Python, a long rest in numpy
+            ek = w.ekeys
+            head = ahead
+            while head > ahead - 16 and head and ek[head - 1] >= lowest:
+                head -= 1
+            if head == ahead - 16 and head and ek[head - 1] >= lowest:
+                allowed = np.flatnonzero(np.array(ek[:head], dtype=np.int64) < lowest)
+                head = int(allowed[-1]) + 1 if len(allowed) else 0
     if not head and nr >= slots:
         return [], []
-    inp = view.input_tokens
-    room = m.max_kv_tokens
     active, kv = nr, view.kv_used
     admit, preempt = w.yielded, w.evicted
     start = 0
@@ -207,15 +262,21 @@ def admit_by_key(view, key, evict_key=None, decoded=None, cache: WaitingOrder | 
         vids = rids[vo[::-1]].tolist()        # the lowest ranked first
         vfree = vcum = None                   # their freed KV and its running total, when needed
         used = 0                              # evictions made (a prefix of vids)
-        ekeys = w.keys[:head] if w.ekeys is None else w.ekeys[:head]
-        # the best eviction rank from each point of the walk on (to stop once none can evict)
-        best_after = ekeys if w.ekeys is None else np.minimum.accumulate(ekeys[::-1])[::-1]
-        for i, ek in _chunked(w.ids, ekeys, head):
+        ekeys = w.keys if w.ekeys is None else w.ekeys
+        best_after = None                     # the best eviction rank from each point on, when needed
+        for i, ek in itertools.islice(zip(ids, ekeys), head):
             need = int(inp[i])
             if active + 1 <= slots and kv + need <= room:
                 break                         # it fits: from here on, admissions only
-            if active >= slots and (used >= nr or best_after[start] >= vkeys[nr - used - 1]):
-                return admit, preempt         # no slot, and nobody left can evict anyone
+            if active >= slots:
+                # no slot: stop once nobody left can evict anyone
+                if used >= nr:
+                    return admit, preempt
+                if best_after is None:
+                    best_after = (ekeys[:head] if w.ekeys is None else
+                                  list(itertools.accumulate(reversed(ekeys[:head]), min))[::-1])
+                if best_after[start] >= vkeys[nr - used - 1]:
+                    return admit, preempt
             start += 1
             below = nr - bisect.bisect_right(vkeys, ek)   # running ranked below it: vids[:below]
             if below <= used:
@@ -236,32 +297,21 @@ def admit_by_key(view, key, evict_key=None, decoded=None, cache: WaitingOrder | 
             kv += need
     if active >= slots or start >= nw:
         return admit, preempt
-    return itertools.chain(list(admit), _fitting(w.ids, start, inp, slots - active, room - kv,
+    return itertools.chain(list(admit), _fitting(ids, start, inp, slots - active, room - kv,
                                                  admit)), preempt
 
 
-def _chunked(ids, keys, stop: int, chunk: int = 32):
-    """``zip(ids[:stop], keys[:stop])`` as Python ints, converted a chunk at a time."""
-    for a in range(0, stop, chunk):
-        b = min(stop, a + chunk)
-        yield from zip(ids[a:b].tolist(), keys[a:b].tolist())
-
-
-def _fitting(ids, start: int, inp, slots_left: int, room_left: int, record: list):
+def _fitting(ids: list, start: int, inp, slots_left: int, room_left: int, record: list):
     """``ids[start:]``, lazily: each request that still fits (noted in ``record`` as it goes)."""
-    chunk = 16
-    while start < len(ids):
-        for i in ids[start:start + chunk].tolist():
-            need = int(inp[i])
-            if need <= room_left:
-                record.append(i)
-                yield i
-                slots_left -= 1
-                room_left -= need
-                if slots_left <= 0:
-                    return
-        start += chunk
-        chunk *= 4
+    for i in itertools.islice(ids, start, None):
+        need = int(inp[i])
+        if need <= room_left:
+            record.append(i)
+            yield i
+            slots_left -= 1
+            room_left -= need
+            if slots_left <= 0:
+                return
 
 
 @register
