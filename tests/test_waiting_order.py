@@ -1,7 +1,7 @@
 """WaitingOrder, the sorted waiting queue the preemptive policies keep across calls: after any
 sequence of engine-like changes (admissions from anywhere, evictions to the front, arrivals at the
 end, keys changed by rekey) its lists equal the queue sorted from scratch, and the on_change tally
-matches the queue."""
+matches the queue; the index of eviction keys finds the last request that may evict."""
 
 import numpy as np
 import pytest
@@ -24,7 +24,9 @@ def test_incremental_order_equals_a_fresh_sort(seed):
     rng = np.random.default_rng(seed)
     n = 3000
     key = rng.permutation(10 * n)[:n].astype(np.int64)        # unique keys
-    ekey = key + rng.integers(0, 50, n)                       # an eviction rank at or below it
+    # an eviction rank: its own for most, one below it for some, never for others
+    ekey = np.where(rng.random(n) < 0.6, key, key + rng.integers(1, 50, n))
+    ekey[rng.random(n) < 0.2] = np.iinfo(np.int64).max
     keyf = lambda ids, _nw: key[ids]                          # noqa: E731
     ekeyf = lambda ids: ekey[ids]                             # noqa: E731
     tally = set()
@@ -71,6 +73,9 @@ def test_incremental_order_equals_a_fresh_sort(seed):
         ids, keys, ekeys = sorted_from_scratch(waiting, key, ekey)
         assert w.ids == ids and w.keys == keys and w.ekeys == ekeys
         assert tally == set(waiting)
+        for lowest in rng.choice(np.concatenate((key, ekey)), 5):   # the eviction walk's bound
+            direct = [j for j, (k, e) in enumerate(zip(keys, ekeys)) if k < lowest and e < lowest]
+            assert w.evictors_up_to(int(lowest)) == (direct[-1] + 1 if direct else 0)
         # the policy's side: propose a few admissions (from the front or anywhere) and evictions
         proposal = [i for i in w.ids[:int(rng.integers(0, 4))]]
         if w.ids and rng.random() < 0.3:

@@ -117,6 +117,13 @@ class WaitingOrder:
         self.ids, self.keys = ids.tolist(), keys.tolist()
         self.ekeys = None if ekeys is None else ekeys[order].tolist()
         self._note_keys(ids, keys)
+        if ekeys is not None:
+            ekeys = ekeys[order]
+            own = ekeys == keys
+            self._own = keys[own].tolist()
+            e, k = ekeys[~own], keys[~own]
+            o = np.lexsort((k, e))
+            self._other = list(zip(e[o].tolist(), k[o].tolist()))
 
     def _update(self, t, view, key, evict_key) -> bool:
         old = self.waiting
@@ -148,9 +155,11 @@ class WaitingOrder:
         g = len(gone)
         if g and (ids[:g] == gone or set(ids[:g]) == set(gone)):
             # the usual case: admissions leave from the front
-            del ids[:g], keys[:g]
             if ekeys is not None:
+                for k, e in zip(keys[:g], ekeys[:g]):
+                    self._unindex(k, e)
                 del ekeys[:g]
+            del ids[:g], keys[:g]
             g = 0
         if g > self._EDIT_LIMIT or len(new) > self._EDIT_LIMIT:
             self._rebuild_with(gone if g else [], new, key, evict_key)
@@ -158,9 +167,10 @@ class WaitingOrder:
             key_of = self._key_of
             for i in gone[:g]:
                 at = bisect.bisect_left(keys, int(key_of[i]))
-                del ids[at], keys[at]
                 if ekeys is not None:
+                    self._unindex(keys[at], ekeys[at])
                     del ekeys[at]
+                del ids[at], keys[at]
             if len(new):
                 nid = np.array(new, dtype=np.int64)
                 nk = key(nid, len(nid))
@@ -171,6 +181,7 @@ class WaitingOrder:
                     keys.insert(at, k)
                     if ekeys is not None:
                         ekeys.insert(at, nek[j])
+                        self._index(k, nek[j])
                 self._note_keys(nid, nk)
         if self.on_change is not None:
             self.on_change(gone, new)
@@ -191,6 +202,35 @@ class WaitingOrder:
             if ekeys is not None:
                 ekeys = np.concatenate((ekeys, evict_key(nid)))
         self._rebuild(ids, keys, ekeys)
+
+    # The eviction keys indexed apart, to find the last waiting request that may evict without a
+    # walk: ``_own`` the keys of requests that evict from their own rank (eviction key = key),
+    # ``_other`` (eviction key, key) of the others, sorted.
+
+    def _index(self, k: int, e: int) -> None:
+        if e == k:
+            bisect.insort(self._own, k)
+        else:
+            bisect.insort(self._other, (e, k))
+
+    def _unindex(self, k: int, e: int) -> None:
+        if e == k:
+            del self._own[bisect.bisect_left(self._own, k)]
+        else:
+            del self._other[bisect.bisect_left(self._other, (e, k))]
+
+    def evictors_up_to(self, lowest: int) -> int:
+        """With eviction keys: how far down the queue the last request with key and eviction key
+        both below ``lowest`` sits (its index + 1; 0 if none)."""
+        own = self._own
+        j = bisect.bisect_left(own, lowest)
+        best = own[j - 1] if j else None
+        for e, k in self._other:                 # by eviction key
+            if e >= lowest:
+                break
+            if k < lowest and (best is None or k > best):
+                best = k
+        return 0 if best is None else bisect.bisect_left(self.keys, best) + 1
 
     def _note_keys(self, ids, keys):
         """Remember the keys of requests ``ids`` (arrays), to find them again when they leave."""
@@ -241,15 +281,14 @@ def admit_by_key(view, key, evict_key=None, decoded=None, cache: WaitingOrder | 
         ahead = bisect.bisect_left(w.keys, lowest)     # waiting ranked above the lowest running
         if w.ekeys is None:
             head = ahead
-        else:
-            # the last of them that may evict: a few looked at in Python, a long rest in numpy
+        elif ahead:
+            # the last of them that may evict: a few looked at directly, else from the index
             ek = w.ekeys
             head = ahead
             while head > ahead - 16 and head and ek[head - 1] >= lowest:
                 head -= 1
             if head == ahead - 16 and head and ek[head - 1] >= lowest:
-                allowed = np.flatnonzero(np.array(ek[:head], dtype=np.int64) < lowest)
-                head = int(allowed[-1]) + 1 if len(allowed) else 0
+                head = w.evictors_up_to(lowest)
     if not head and nr >= slots:
         return [], []
     active, kv = nr, view.kv_used
