@@ -40,10 +40,15 @@ def test_pipe_into_head_ends_quietly(command):
 
 def test_campaign_runs_a_policy_from_a_file(tmp_path):
     """`portbench campaign --policy-module FILE --policies ID`: your own scheduler, no package edit."""
+    import shutil
+
     import pandas as pd
 
+    from portbench import store
     from portbench.cli import main
 
+    data = tmp_path / "data"                  # its cache goes here, not into the project's
+    shutil.copytree(store.windows_dir(), data / "windows")
     module = tmp_path / "my_policy.py"
     module.write_text(
         "from portbench.policies import register\n"
@@ -55,9 +60,9 @@ def test_campaign_runs_a_policy_from_a_file(tmp_path):
         "    def schedule(self, view):\n"
         "        return Decision(admit=sorted(view.waiting, reverse=True))\n")
     out = tmp_path / "table.parquet"
-    rc = main(["campaign", "--policy-module", str(module), "--policies", "newest_first_cli_test",
-               "--limit-windows", "1", "--regions", "KNEE", "--slo-multipliers", "20", "--workers", "1",
-               "--output", str(out), "--quiet"])
+    rc = main(["--data-dir", str(data), "campaign", "--policy-module", str(module),
+               "--policies", "newest_first_cli_test", "--limit-windows", "1", "--regions", "KNEE",
+               "--slo-multipliers", "20", "--workers", "1", "--output", str(out), "--quiet"])
     assert rc == 0
     table = pd.read_parquet(out)
     assert set(table["policy"]) == {"newest_first_cli_test"} and len(table) == 3

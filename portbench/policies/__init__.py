@@ -52,7 +52,8 @@ def available() -> list[str]:
 
 def make_policy(name: str, **params) -> Policy:
     """A fresh instance of the policy registered as ``name``."""
-    _load_all()
+    if name not in _REGISTRY:           # its module may not be imported yet
+        _load_all()
     try:
         cls = _REGISTRY[name]
     except KeyError:
