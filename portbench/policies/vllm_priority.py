@@ -115,10 +115,11 @@ class WaitingOrder:
         order = np.argsort(keys)
         ids, keys = ids[order], keys[order]
         self.ids, self.keys = ids.tolist(), keys.tolist()
-        self.ekeys = None if ekeys is None else ekeys[order].tolist()
         self._note_keys(ids, keys)
+        self.ekeys = None
         if ekeys is not None:
             ekeys = ekeys[order]
+            self.ekeys = ekeys.tolist()
             own = ekeys == keys
             self._own = keys[own].tolist()
             e, k = ekeys[~own], keys[~own]
@@ -284,10 +285,10 @@ def admit_by_key(view, key, evict_key=None, decoded=None, cache: WaitingOrder | 
         elif ahead:
             # the last of them that may evict: a few looked at directly, else from the index
             ek = w.ekeys
-            head = ahead
-            while head > ahead - 16 and head and ek[head - 1] >= lowest:
-                head -= 1
-            if head == ahead - 16 and head and ek[head - 1] >= lowest:
+            for head in range(ahead, max(0, ahead - 16), -1):
+                if ek[head - 1] < lowest:
+                    break
+            else:
                 head = w.evictors_up_to(lowest)
     if not head and nr >= slots:
         return [], []
