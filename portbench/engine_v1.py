@@ -329,6 +329,12 @@ class _V1Engine:
     def kv_used(self) -> int:
         return self._kv
 
+    def decoded_array(self) -> np.ndarray:
+        return self.decoded
+
+    def decoded_of(self, ids) -> list:
+        return self.decoded[np.asarray(ids, dtype=np.int64)].tolist()
+
     @property
     def now(self) -> float:
         return self.t_ps / PS

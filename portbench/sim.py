@@ -33,6 +33,7 @@ The policy interface, in one place (see also the book's "Add your own scheduler"
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import math
 from typing import ClassVar
 
@@ -116,7 +117,7 @@ class EngineView:
     """
 
     __slots__ = ("model", "step", "now", "prev_step_start_s", "prev_kv_used", "waiting", "running",
-                 "arrival_s", "deadline_s", "input_tokens", "predicted_output_tokens", "priority", "_decoded",
+                 "arrival_s", "deadline_s", "input_tokens", "predicted_output_tokens", "priority",
                  "kv_used", "n_requests", "refused", "_engine", "_waiting_seen")
 
     def __init__(self, engine: "_Engine"):
@@ -140,7 +141,6 @@ class EngineView:
             self.waiting = tuple(e.waiting)
             self._waiting_seen = e.waiting_version
         self.running = tuple(e.running)
-        self._decoded = e.decoded
         self.kv_used = e.kv_used()
         self.refused = e.refused
         return self
@@ -148,15 +148,11 @@ class EngineView:
     @property
     def decoded(self) -> np.ndarray:
         """Tokens produced so far, per request (an int64 array, indexed by request id)."""
-        d = self._decoded
-        return np.asarray(d, dtype=np.int64) if isinstance(d, list) else d
+        return self._engine.decoded_array()
 
     def decoded_of(self, ids) -> list:
         """Tokens produced so far by each of ``ids`` (a list of ints; cheaper than ``decoded`` for a few)."""
-        d = self._decoded
-        if isinstance(d, list):
-            return [d[i] for i in ids]
-        return d[np.asarray(ids, dtype=np.int64)].tolist()
+        return self._engine.decoded_of(ids)
 
     @property
     def n_active(self) -> int:
@@ -252,11 +248,21 @@ class _Engine:
         self.visible = visible_steps(window.arrival_s, model.step_s).tolist()
         self.inp = window.input_tokens.tolist()
         self.out = window.output_tokens.tolist()
+        # Tokens produced, per request: exact for a request that is not running. A running one's count
+        # is ``_tick - _base[i]``: ``_tick`` counts decode steps, and a held step moves the request's
+        # base instead, so a step costs the engine nothing per request but for holds, first tokens
+        # and completions (a heap of the tick at which each running request emits its last token; a
+        # hold only raises a request's tick, so its row is brought up to date when it comes first).
         self.decoded = [0] * n
+        self._tick = 0
+        self._base: dict[int, int] = {}     # running request -> _tick - decoded (insertion = admission)
+        self._done_heap: list[tuple[int, int]] = []    # (tick of the last token, request); stale rows kept
+        self._unstarted: list[int] = []     # running requests that have produced no token yet
         self.admit_step = [-1] * n          # step of the first admission
         self.first_step = [-1] * n          # step whose decode produced the first token ever
         self.finish_step = [-1] * n         # step whose decode produced the last token
         self.waiting: list[int] = []
+        self._waiting_set: set[int] = set()     # the same requests
         self.waiting_version = 0            # counts changes of `waiting` (the view reuses its tuple)
         self.running: list[int] = []
         self._kv_running = 0                # Σ (prompt + decoded) over running requests
@@ -267,6 +273,30 @@ class _Engine:
 
     def kv_used(self) -> int:
         return self._kv_running
+
+    def decoded_of(self, ids) -> list:
+        tick, base, decoded = self._tick, self._base, self.decoded
+        return [tick - base[i] if i in base else decoded[i] for i in ids]
+
+    def decoded_array(self) -> np.ndarray:
+        tick, decoded = self._tick, self.decoded
+        for i, b in self._base.items():
+            decoded[i] = tick - b
+        return np.asarray(decoded, dtype=np.int64)
+
+    def _first_done(self) -> int | None:
+        """The tick at which the first running request emits its last token (None: nothing runs)."""
+        heap, base, out = self._done_heap, self._base, self.out
+        while heap:
+            k, i = heap[0]
+            b = base.get(i)
+            if b is None:
+                heapq.heappop(heap)             # a row of a request that has left
+            elif out[i] + b == k:
+                return k
+            else:                               # held since it was pushed: a row with its tick now
+                heapq.heapreplace(heap, (out[i] + b, i))
+        return None
 
     def run(self, event_skipping: bool = True) -> None:
         m = self.model
@@ -280,25 +310,30 @@ class _Engine:
         self.step = self.visible[order[0]]
         last_step = None                    # set when the last arrival is enqueued
         lazy = event_skipping and self.policy.admission_only
+        seq_cap = min(m.max_active_sequences, m.max_batch_tokens)
         while True:
             s = self.step
             # 1. visibility
             while next_arrival < n and self.visible[order[next_arrival]] <= s:
                 self.waiting.append(order[next_arrival])
+                self._waiting_set.add(order[next_arrival])
                 self.waiting_version += 1
                 next_arrival += 1
             if last_step is None and next_arrival == n:
                 last_step = s + m.drain_steps - 1
-            # 2. scheduling (an admission-only policy has nothing to decide while the queue is empty)
-            if self.waiting or (self.running and not lazy):
+            # 2. scheduling. An admission-only policy has nothing to decide while the queue is empty
+            # or no sequence slot is free (whatever it proposed would be refused).
+            if (self.waiting and not (lazy and len(self.running) >= seq_cap)) or (self.running and not lazy):
                 decision = check_decision(self.policy, self.policy.schedule(view.refresh()))
             else:
                 decision = NOTHING
             kv_at_start = self._kv_running
             admitted = self._apply(decision)
             # 3. decode, possibly over several steps at once. A decision that changed the engine's
-            # state (an admission, a preemption, a hold) is an event: the policy is asked again next step.
-            if event_skipping and not (admitted or decision.hold or decision.preempt):
+            # state (an admission, a preemption, a hold) is an event: the policy is asked again next
+            # step — unless it is admission-only and will not be asked then (nothing waits, or no slot).
+            if event_skipping and (not (admitted or decision.hold or decision.preempt) or (
+                    lazy and (not self.waiting or len(self.running) >= seq_cap))):
                 horizon = self._next_event_step(decision, next_arrival, order)
                 if last_step is not None:
                     horizon = min(horizon, last_step + 1)
@@ -306,9 +341,11 @@ class _Engine:
             else:
                 span = 1
             n_decoding = len(self.running) - len(decision.hold)
+            kv_after = self._kv_running
             self._decode(s, span, decision.hold)
-            # a stretch changes nothing but decoding: one token per running request per step
-            self.prev_kv_used = kv_at_start + (span - 1) * n_decoding
+            # a stretch changes nothing but decoding: one token per running request per step (the
+            # KV at the start of its last step counts this step's admissions; of this step, not)
+            self.prev_kv_used = kv_at_start if span == 1 else kv_after + (span - 1) * n_decoding
             self.step = s + span
             if last_step is not None and self.step > last_step:
                 break
@@ -322,12 +359,10 @@ class _Engine:
     def _next_event_step(self, decision, next_arrival, order) -> int:
         s = self.step
         t = self.visible[order[next_arrival]] if next_arrival < self.n else NEVER
-        out, decoded = self.out, self.decoded
-        for i in self.running:
-            # a request completes during step (s + remaining - 1) and frees its slot for the step after
-            done = s + out[i] - decoded[i]
-            if done < t:
-                t = done
+        # a request completes during step (s + remaining - 1) and frees its slot for the step after
+        first_done = self._first_done()
+        if first_done is not None and s + first_done - self._tick < t:
+            t = s + first_done - self._tick
         wake = s + decision.wake_after_steps
         if decision.wake_at_s < NEVER:
             # the first step starting at or after wake_at_s, one step early to absorb float round-off
@@ -339,68 +374,112 @@ class _Engine:
     def _apply(self, d: Decision) -> bool:
         """Apply a decision under the engine's limits; True when something was admitted."""
         m = self.model
+        waiting_set = self._waiting_set
         for i in d.preempt:
             if i not in self.running:
                 raise PolicyContractError(f"policy {self.policy.name!r} preempted request {i} at step "
                                           f"{self.step}, which is not running")
             self.running.remove(i)
-            self._kv_running -= self.inp[i] + self.decoded[i]
+            self._kv_running -= self.inp[i] + self._tick - self._base.pop(i)
             self.decoded[i] = 0           # recompute preemption: generated tokens are lost
+            if i in self._unstarted:
+                self._unstarted.remove(i)
             self.waiting.insert(0, i)
+            waiting_set.add(i)
             self.waiting_version += 1
             self.n_preemptions += 1
         self.refused = ()
         if not d.admit:
             return False
-        waiting = set(self.waiting) - set(d.preempt)   # a request evicted now is not re-admitted now
+        preempt = d.preempt
+        running, base, heap = self.running, self._base, self._done_heap
+        inp, out, decoded = self.inp, self.out, self.decoded
+        seq_cap = min(m.max_active_sequences, m.max_batch_tokens)
         admitted, refused = [], []
         for i in d.admit:
-            if i in d.preempt:
-                continue
-            if i not in waiting:
+            if preempt and i in preempt:
+                continue                  # a request evicted now is not re-admitted now
+            if i not in waiting_set:
                 raise PolicyContractError(f"policy {self.policy.name!r} admitted request {i} at step "
                                           f"{self.step}, which is not waiting")
             # The engine's hard limits, checked in order (earlier admissions count at once); a
             # request that does not fit is refused and the walk goes on.
-            if len(self.running) + 1 > min(m.max_active_sequences, m.max_batch_tokens):
+            if len(running) + 1 > seq_cap:
                 refused.append((i, "seqs"))
-            elif self._kv_running + self.inp[i] > m.max_kv_tokens:
+            elif self._kv_running + inp[i] > m.max_kv_tokens:
                 refused.append((i, "kv"))
             else:
-                self.running.append(i)
-                self._kv_running += self.inp[i] + self.decoded[i]
+                running.append(i)
+                self._kv_running += inp[i] + decoded[i]
+                b = base[i] = self._tick - decoded[i]
+                heapq.heappush(heap, (out[i] + b, i))
+                if self.first_step[i] < 0:
+                    self._unstarted.append(i)
                 if self.admit_step[i] < 0:      # the first admission (metrics.py's definition)
                     self.admit_step[i] = self.step
                 admitted.append(i)
-                waiting.discard(i)
-        self.refused = tuple(refused)
+                waiting_set.discard(i)
+        if refused:
+            self.refused = tuple(refused)
         if admitted:
-            gone = set(admitted)
-            self.waiting = [i for i in self.waiting if i not in gone]
+            k = len(admitted)
+            if self.waiting[:k] == admitted:     # the queue's head, in its order (the common case)
+                del self.waiting[:k]
+            else:
+                self.waiting = [i for i in self.waiting if i in waiting_set]
             self.waiting_version += 1
         return bool(admitted)
 
     def _decode(self, s: int, span: int, hold) -> None:
-        first, finish, out, decoded, inp = self.first_step, self.finish_step, self.out, self.decoded, self.inp
-        kv = self._kv_running
-        still = []
-        for i in self.running:
-            if hold and i in hold:
-                still.append(i)
-                continue
-            if first[i] < 0:                    # the first token ever produced
-                first[i] = s
-            left = out[i] - decoded[i]
-            if left <= span:
+        """Steps ``s`` .. ``s + span - 1``: every running request not in ``hold`` gains a token a step;
+        one that reaches its output length leaves, its last token stamped at its own step."""
+        base, out, heap = self._base, self.out, self._done_heap
+        tick = self._tick
+        n_decoding = len(base)
+        if hold:
+            for i in hold:
+                if i in base:                   # held: its count stays, so its base moves on
+                    n_decoding -= 1
+                    base[i] += span
+        if self._unstarted:
+            first, still = self.first_step, []
+            for i in self._unstarted:
+                if hold and i in hold:
+                    still.append(i)
+                else:
+                    first[i] = s                # the first token ever produced
+            self._unstarted = still
+        self._tick = end = tick + span
+        kv = self._kv_running + span * n_decoding
+        if heap and heap[0][0] <= end:
+            finish, decoded, inp = self.finish_step, self.decoded, self.inp
+            gone, kept = [], []
+            while heap and heap[0][0] <= end:
+                row = heapq.heappop(heap)
+                k, i = row
+                b = base.get(i)
+                if b is None:
+                    continue                    # a row of a request that has left
+                if out[i] + b != k:             # held since: its row with its tick now
+                    heapq.heappush(heap, (out[i] + b, i))
+                    continue
+                if hold and i in hold:          # (only a zero-length output can get here held)
+                    kept.append(row)
+                    continue
+                left = k - tick                 # tokens it still had to produce
                 decoded[i] = out[i]
                 finish[i] = s + left - 1
-                kv -= inp[i] + out[i] - left
-            else:
-                decoded[i] += span
-                kv += span
-                still.append(i)
+                kv -= inp[i] + out[i] - left + span
+                del base[i]
+                gone.append(i)
+            for row in kept:
+                heapq.heappush(heap, row)
+            if len(gone) == 1:
+                self.running.remove(gone[0])
+            elif gone:
+                gone = set(gone)
+                self.running = [i for i in self.running if i not in gone]
         self._kv_running = kv
-        self.running = still
 
     def result(self, window: Window) -> RunResult:
         dt = self.model.step_s

@@ -117,7 +117,8 @@ class _Watcher(Policy):
                 consumed.append(i)
                 yield i
 
-        decoded = {i: int(view.decoded[i]) for i in d.hold}
+        held = list(d.hold)
+        decoded = dict(zip(held, view.decoded_of(held)))
         self._prev = (view.step, consumed, list(d.preempt), decoded)
         return Decision(admit=watched(d.admit), preempt=d.preempt, hold=d.hold,
                         wake_at_s=d.wake_at_s, wake_after_steps=d.wake_after_steps)
@@ -129,8 +130,8 @@ class _Watcher(Policy):
             if i not in waiting:
                 raise PolicyContractError(f"policy {self.name!r}: request {i}, preempted at step "
                                           f"{view.step - 1}, is not back in the queue")
-        for i, n in held.items():
-            if int(view.decoded[i]) != n:
+        for i, n in zip(held, view.decoded_of(list(held))):
+            if n != held[i]:
                 raise PolicyContractError(f"policy {self.name!r}: request {i}, held at step "
                                           f"{view.step - 1}, gained a token")
         for i in admitted:

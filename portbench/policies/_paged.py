@@ -8,7 +8,8 @@ Each call starts with :meth:`PagedPolicy._sync`, which brings that state up to t
 1. requests that left the engine (completed) are freed and forgotten;
 2. if the policy let the engine skip steps after its last call (:meth:`~PagedPolicy._let_skip`),
    the bookings of the decoders it kept then follow the engine's own count of their tokens
-   (``view.decoded_of``): one slot per token decoded in the skipped steps;
+   (``view.decoded_of``): one slot per token decoded in the skipped steps; and a prefill that took
+   the whole budget left then took it again at each skipped step;
 3. running requests the policy does not track are adopted (defensive; never fires in normal runs).
 
 Admission (:meth:`PagedPolicy._admit`) walks a queue in order and *closes* at the first request
@@ -49,7 +50,7 @@ class PagedPolicy(Policy):
         self._key = [(float(a), i) for i, a in enumerate(view.arrival_s)]   # arrival order
         self._rem: dict[int, int] = {}      # shadow prefill left, per tracked request
         self._last_step = None
-        self._skip_from = None              # (kept decoders, their decoded counts) when skipping was let
+        self._skip_from = None              # (kept decoders, their decoded counts, prefill) when skipping was let
 
     # --- reconciliation ------------------------------------------------------------------------
 
@@ -69,23 +70,35 @@ class PagedPolicy(Policy):
             self._forget(r)
         skip_from, self._skip_from = self._skip_from, None
         if skip_from is not None and view.step - self._last_step > 1:
-            kept, decoded_then = skip_from
+            kept, decoded_then, prefill = skip_from
             # the slot of the last call's own step was booked then; one more per token since
             for r, d, d0 in zip(kept, view.decoded_of(kept), decoded_then):
                 if r in rem and d - d0 > 1:
                     bm.append_slot(r, d - d0 - 1)
+            if prefill is not None and prefill[0] in rem:
+                c, chunk = prefill
+                rem[c] -= (view.step - self._last_step - 1) * chunk
         for r in view.running:                # adopt (defensive; never fires in normal runs)
             if r not in rem:
                 bm.allocate(r, self._booked(view, r))
                 rem[r] = 0
         self._last_step = view.step
 
-    def _let_skip(self, view, kept: list) -> float:
-        """The timer of a call after which the engine may skip steps (nothing in flight but the
-        ``kept`` decoders, one slot each per step): the first step at which one of them would need a
-        block that is not there. Remembers their decoded counts for the next :meth:`_sync`."""
-        self._skip_from = (kept, view.decoded_of(kept))
-        return self._bm.steps_to_exhaustion(kept)
+    def _let_skip(self, view, kept: list, prefill: tuple[int, int] | None = None) -> float:
+        """The timer of a call after which the engine may skip steps: the first step at which one of
+        the ``kept`` decoders (one slot each per step) would need a block that is not there.
+
+        ``prefill = (c, chunk)``: request ``c`` is prefilling and took ``chunk`` tokens, the whole
+        budget the decoders left, without finishing; nothing else prefills or may be admitted while
+        it does. The next steps then repeat this one as long as ``c`` still has a whole chunk left
+        (the one that finishes it included); the step after them may differ. Remembers the decoded
+        counts and the prefill for the next :meth:`_sync`."""
+        self._skip_from = (kept, view.decoded_of(kept), prefill)
+        timer = self._bm.steps_to_exhaustion(kept)
+        if prefill is not None:
+            c, chunk = prefill
+            timer = min(timer, self._rem[c] // chunk + 1)
+        return timer
 
     # --- the step's pieces ---------------------------------------------------------------------
 

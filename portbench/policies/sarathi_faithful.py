@@ -34,11 +34,19 @@ class SarathiFaithful(PagedPolicy):
         used = len(kept)
         # 1b. in-flight prefills take chunks from the leftover
         prefillers = sorted((r for r in rem if rem[r] > 0), key=key)
+        head_chunk = budget - used                  # what the first of them may take
+        head_left = rem[prefillers[0]] if prefillers else 0
         used = self._prefill(prefillers, budget, used)
         # 2. admission in queue order
         admit = self._admit(view, view.waiting, budget=budget, used=used,
                             seqs=len(kept) + len(prefillers), chunked=True, skip=set(preempted)).admit
-        if admit or preempted or prefillers or any(rem.values()):
+        if admit or preempted:
+            wake = 1
+        elif 0 < head_chunk < head_left:
+            # The first prefill took the whole budget left and goes on: the next steps repeat this
+            # one (same decoders, the same chunk to it, no room to admit) while it lasts.
+            wake = self._let_skip(view, kept, (prefillers[0], head_chunk))
+        elif prefillers or any(rem.values()):
             wake = 1
         else:
             # Skipped steps have no prefill in flight and no preemption: every decoder appends

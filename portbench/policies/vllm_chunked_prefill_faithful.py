@@ -40,6 +40,7 @@ class VllmChunkedPrefillFaithful(PagedPolicy):
         # When the free blocks cover every decoder the budget reaches, no decoder preempts anyone and
         # the walk is that prefix, taken at once; otherwise it is walked request by request.
         decoders, chunks = self._budget_prefix(ordered, budget)
+        steady = None
         if self._bm.append_slots_if_room(decoders):
             for c, n in chunks:
                 rem[c] -= n
@@ -48,6 +49,9 @@ class VllmChunkedPrefillFaithful(PagedPolicy):
             seqs = len(decoders) + len(chunks)
             kept, prefilled = decoders, bool(chunks)
             pending = deque()
+            if len(chunks) == 1 and used == budget and rem[chunks[0][0]] > 0:
+                # one prefill took the whole budget the decoders before it left, and goes on
+                steady = chunks[0]
         else:
             pending = deque(ordered)
         while pending:
@@ -71,7 +75,13 @@ class VllmChunkedPrefillFaithful(PagedPolicy):
         # 2. admission in queue order
         admit = self._admit(view, view.waiting, budget=budget, used=used, seqs=seqs, chunked=True,
                             skip=set(preempted)).admit
-        if admit or preempted or prefilled or any(rem.values()):
+        if admit or preempted:
+            wake = 1
+        elif steady is not None:
+            # The next steps repeat this one (the same prefix of the list served, the same chunk
+            # to the prefill, no room to admit) while the prefill has a whole chunk left.
+            wake = self._let_skip(view, kept, steady)
+        elif prefilled or any(rem.values()):
             wake = 1
         else:
             # Skipped steps have no prefill in flight and no preemption: the same decoders are
