@@ -301,7 +301,7 @@ class _Engine:
     def run(self, event_skipping: bool = True) -> None:
         m = self.model
         n = self.n
-        order = sorted(range(n), key=lambda i: (self.visible[i], i))
+        order = np.argsort(np.asarray(self.visible, dtype=np.int64), kind="stable").tolist()   # by (visible, id)
         next_arrival = 0                    # index into `order`
         view = EngineView(self)
         self.policy.reset(view.refresh())
@@ -311,38 +311,48 @@ class _Engine:
         last_step = None                    # set when the last arrival is enqueued
         lazy = event_skipping and self.policy.admission_only
         seq_cap = min(m.max_active_sequences, m.max_batch_tokens)
+        visible = [self.visible[i] for i in order]      # in arrival order
+        schedule, refresh, policy = self.policy.schedule, view.refresh, self.policy
+        waiting_set = self._waiting_set
         while True:
             s = self.step
             # 1. visibility
-            while next_arrival < n and self.visible[order[next_arrival]] <= s:
-                self.waiting.append(order[next_arrival])
-                self._waiting_set.add(order[next_arrival])
+            while next_arrival < n and visible[next_arrival] <= s:
+                i = order[next_arrival]
+                self.waiting.append(i)
+                waiting_set.add(i)
                 self.waiting_version += 1
                 next_arrival += 1
             if last_step is None and next_arrival == n:
                 last_step = s + m.drain_steps - 1
             # 2. scheduling. An admission-only policy has nothing to decide while the queue is empty
             # or no sequence slot is free (whatever it proposed would be refused).
-            if (self.waiting and not (lazy and len(self.running) >= seq_cap)) or (self.running and not lazy):
-                decision = check_decision(self.policy, self.policy.schedule(view.refresh()))
+            running = self.running
+            if (self.waiting and not (lazy and len(running) >= seq_cap)) or (running and not lazy):
+                decision = check_decision(policy, schedule(refresh()))
             else:
                 decision = NOTHING
             kv_at_start = self._kv_running
-            admitted = self._apply(decision)
+            if decision is NOTHING:
+                self.refused = ()
+                admitted = False
+            else:
+                admitted = self._apply(decision)
+            hold = decision.hold
             # 3. decode, possibly over several steps at once. A decision that changed the engine's
             # state (an admission, a preemption, a hold) is an event: the policy is asked again next
             # step — unless it is admission-only and will not be asked then (nothing waits, or no slot).
-            if event_skipping and (not (admitted or decision.hold or decision.preempt) or (
+            if event_skipping and (not (admitted or hold or decision.preempt) or (
                     lazy and (not self.waiting or len(self.running) >= seq_cap))):
-                horizon = self._next_event_step(decision, next_arrival, order)
-                if last_step is not None:
-                    horizon = min(horizon, last_step + 1)
-                span = max(1, horizon - s)
+                horizon = self._next_event_step(decision, visible[next_arrival] if next_arrival < n else NEVER)
+                if last_step is not None and horizon > last_step + 1:
+                    horizon = last_step + 1
+                span = horizon - s if horizon - s > 1 else 1
             else:
                 span = 1
-            n_decoding = len(self.running) - len(decision.hold)
+            n_decoding = len(self.running) - len(hold)
             kv_after = self._kv_running
-            self._decode(s, span, decision.hold)
+            self._decode(s, span, hold)
             # a stretch changes nothing but decoding: one token per running request per step (the
             # KV at the start of its last step counts this step's admissions; of this step, not)
             self.prev_kv_used = kv_at_start if span == 1 else kv_after + (span - 1) * n_decoding
@@ -352,13 +362,15 @@ class _Engine:
             if not self.waiting and not self.running:
                 if next_arrival == n:
                     break
-                if self.visible[order[next_arrival]] > self.step:
+                if visible[next_arrival] > self.step:
                     self.prev_kv_used = 0           # idle steps: nothing in use
-                self.step = max(self.step, self.visible[order[next_arrival]])
+                    self.step = visible[next_arrival]
 
-    def _next_event_step(self, decision, next_arrival, order) -> int:
+    def _next_event_step(self, decision, next_visible) -> int:
+        """The first step after this one at which something can change (``next_visible``: the step
+        at which the next arrival becomes visible, NEVER when none is left)."""
         s = self.step
-        t = self.visible[order[next_arrival]] if next_arrival < self.n else NEVER
+        t = next_visible
         # a request completes during step (s + remaining - 1) and frees its slot for the step after
         first_done = self._first_done()
         if first_done is not None and s + first_done - self._tick < t:
@@ -437,10 +449,10 @@ class _Engine:
         tick = self._tick
         n_decoding = len(base)
         if hold:
-            for i in hold:
-                if i in base:                   # held: its count stays, so its base moves on
-                    n_decoding -= 1
-                    base[i] += span
+            held = base.keys() & hold           # held: its count stays, so its base moves on
+            n_decoding -= len(held)
+            for i in held:
+                base[i] += span
         if self._unstarted:
             first, still = self.first_step, []
             for i in self._unstarted:

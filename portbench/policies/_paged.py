@@ -65,7 +65,10 @@ class PagedPolicy(Policy):
     def _sync(self, view) -> None:
         """Reconcile completions, replay the steps the engine skipped, adopt untracked requests."""
         bm, rem = self._bm, self._rem
-        for r in rem.keys() - set(view.running):    # left the engine (the order does not matter)
+        running = view.running
+        changed = rem.keys() ^ set(running)         # left the engine, or running untracked
+        gone = changed & rem.keys()
+        for r in gone:                              # left (the order does not matter)
             bm.free(r)
             self._forget(r)
         skip_from, self._skip_from = self._skip_from, None
@@ -78,10 +81,11 @@ class PagedPolicy(Policy):
             if prefill is not None and prefill[0] in rem:
                 c, chunk = prefill
                 rem[c] -= (view.step - self._last_step - 1) * chunk
-        for r in view.running:                # adopt (defensive; never fires in normal runs)
-            if r not in rem:
-                bm.allocate(r, self._booked(view, r))
-                rem[r] = 0
+        if len(changed) > len(gone):        # adopt (defensive; never fires in normal runs)
+            for r in running:
+                if r not in rem:
+                    bm.allocate(r, self._booked(view, r))
+                    rem[r] = 0
         self._last_step = view.step
 
     def _let_skip(self, view, kept: list, prefill: tuple[int, int] | None = None) -> float:

@@ -29,6 +29,7 @@ class KvConstrainedOnline(Policy):
     """
 
     name = "kv_constrained_online"
+    admission_only = True           # only admits, from the view alone
 
     #: Weight of the predicted output in the ranking's KV cost (fixed in the study).
     KV_COST_OUTPUT_WEIGHT = 0.25

@@ -117,17 +117,19 @@ class SlaiFaithful(PagedPolicy):
         rem, lst = self._rem, self._lst
         now = view.now
         rule = self.rule
-        budget = rule.token_budget
+        budget, limit = rule.token_budget, rule.decode_limit
         fresh = rule.last_schedule_time(now, view.kv_used / self._max_kv)
-        decoding = [r for r in view.running if rem[r] == 0]
-        prefilling = [r for r in view.running if rem[r] > 0]
-        for r in decoding:
-            if r not in lst:
-                lst[r] = fresh
+        running = view.running
+        prefilling = [r for r in running if rem[r]]
+        decoding = [r for r in running if not rem[r]] if prefilling else list(running)
+        if len(lst) != len(decoding):               # a decoder keeps its LST until it leaves
+            for r in decoding:
+                if r not in lst:
+                    lst[r] = fresh
         decoding.sort()                             # by (LST, id): id first, then a stable sort
         decoding.sort(key=lst.__getitem__)
         critical, non_critical = rule.split(decoding, lst.__getitem__, now)
-        served = critical[:rule.decode_limit]
+        served = critical[:limit]
         used = len(served)
         used = self._prefill(prefilling, budget, used)
         # admission, shortest prompt first (TBT is the same for every request): the waiting queue
@@ -137,22 +139,18 @@ class SlaiFaithful(PagedPolicy):
         admit, used, closed = self._admit(view, waiting.ids, budget=budget, used=used,
                                           seqs=len(decoding) + len(prefilling), chunked=True)
         waiting.yielded = admit
-        # non-critical decodes get only the leftover
-        for r in non_critical:
-            if budget - used < 1 or len(served) >= rule.decode_limit:
-                break
-            served.append(r)
-            used += 1
-        for r in served:
-            lst[r] = fresh
-        hold = frozenset(decoding) - frozenset(served)
-        if (admit or hold or prefilling or critical or closed == "budget" or self._never_skip
-                or any(rem.values())):
+        # non-critical decodes get only the leftover, one token each, earliest LST first
+        extra = max(0, min(budget - used, limit - len(served), len(non_critical)))
+        served += non_critical[:extra]
+        lst.update(dict.fromkeys(served, fresh))
+        hold = frozenset(critical[limit:] + non_critical[extra:])
+        if admit or hold or prefilling or critical or closed == "budget" or self._never_skip:
             wake = 1
         else:
-            # Every decoder was served and refreshed; with nothing prefilling and the queue closed
-            # for reasons fixed until an event (block manager, seqs) or monotone (engine limits),
-            # nothing changes before the next arrival or completion. Θ moves only the LST values,
-            # which the next call recomputes exactly as of the last skipped step.
+            # Every decoder was served and refreshed; nothing prefills (all tracked requests are
+            # decoders: nothing was admitted) and the queue closed for reasons fixed until an event
+            # (block manager, seqs) or monotone (engine limits), so nothing changes before the next
+            # arrival or completion. Θ moves only the LST values, which the next call recomputes
+            # exactly as of the last skipped step.
             wake = math.inf
         return Decision(admit=admit, hold=hold, wake_after_steps=wake)

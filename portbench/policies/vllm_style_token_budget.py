@@ -21,6 +21,7 @@ class VllmStyleTokenBudget(Policy):
     """
 
     name = "vllm_style_token_budget"
+    admission_only = True           # only admits, from the view alone
 
     def __init__(self, kv_block_size: int = 16):
         self.kv_block_size = kv_block_size
