@@ -12,7 +12,8 @@ real backends produce a :class:`portbench.sim.RunResult` with these times):
 Populations: ANWG, completion fraction and weighted completion count all arrivals and are always
 defined. The rest are over completed requests and undefined (NaN, never imputed) when nothing
 completed; TTFT additionally needs a completed request with a first-token time. Times are in the
-cell's (compressed) seconds. Percentiles are numpy's default (linear interpolation).
+cell's (compressed) seconds. Percentiles are numpy's default (linear interpolation), computed by
+:func:`percentile`.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def cell_metrics(result) -> dict:
             "slo_violation_rate": float((~met).sum()) / n_done,
             "weighted_goodput": float(w_done[met].sum()) / float(w_done.sum()),
             "mean_latency_s": float(latency.mean()),
-            "p95_latency_s": float(np.percentile(latency, 95)),
+            "p95_latency_s": percentile(latency, 95),
             "request_throughput": n_done / span if span > 0 else nan,
             "token_throughput": float(result.output_tokens[done].sum()) / span if span > 0 else nan,
         })
@@ -71,8 +72,29 @@ def cell_metrics(result) -> dict:
         if has_first.any():
             ttft = first[has_first] - result.arrival_s[done][has_first]
             out["mean_ttft_s"] = float(ttft.mean())
-            out["p95_ttft_s"] = float(np.percentile(ttft, 95))
+            out["p95_ttft_s"] = percentile(ttft, 95)
     return {m: out.get(m, nan) for m in METRICS}
+
+
+def percentile(values: np.ndarray, q: float) -> float:
+    """``float(np.percentile(values, q))`` for a 1-D float array (numpy's default, linear method), bit
+    for bit, without numpy's general machinery (~10x faster on a cell's 200 values): the virtual
+    index ``(n − 1)·q / 100``, clamped to the ends, and numpy's two-sided lerp between its neighbours
+    in sorted order."""
+    n = len(values)
+    x = np.sort(values)
+    if n == 0 or not (math.isfinite(x[0]) and math.isfinite(x[-1])):
+        return float(np.percentile(values, q))          # empty, NaN or infinite: numpy's own answer
+    index = (n - 1) * (q / 100)
+    if index >= n - 1:
+        return float(x[-1])
+    if index < 0:
+        return float(x[0])
+    below = math.floor(index)
+    a, b = float(x[below]), float(x[below + 1])
+    t = index - below
+    diff = b - a
+    return b - diff * (1 - t) if t >= 0.5 else a + diff * t
 
 
 def run_span_s(step_starts_s) -> float:

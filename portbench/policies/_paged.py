@@ -48,9 +48,17 @@ class PagedPolicy(Policy):
         self._max_seqs = min(self.max_num_seqs, view.model.max_active_sequences)
         self._inp = [int(x) for x in view.input_tokens]
         self._key = [(float(a), i) for i, a in enumerate(view.arrival_s)]   # arrival order
+        # ids in arrival order are ids in increasing order when arrivals are sorted (as in a window)
+        self._ids_in_arrival_order = bool(np.all(np.diff(view.arrival_s) >= 0))
         self._rem: dict[int, int] = {}      # shadow prefill left, per tracked request
         self._last_step = None
         self._skip_from = None              # (kept decoders, their decoded counts, prefill) when skipping was let
+
+    def _arrival_sorted(self, ids) -> list:
+        """``ids`` in arrival order (ties by id)."""
+        if self._ids_in_arrival_order:
+            return sorted(ids)
+        return sorted(ids, key=self._key.__getitem__)
 
     # --- reconciliation ------------------------------------------------------------------------
 

@@ -28,12 +28,11 @@ class SarathiFaithful(PagedPolicy):
         self._sync(view)
         rem = self._rem
         budget = self.chunk_size
-        key = self._key.__getitem__
         # 1a. decodes first, oldest arrival first; victims from the back of the decoders
-        kept, preempted = self._running_pass(sorted((r for r in rem if rem[r] == 0), key=key))
+        kept, preempted = self._running_pass(self._arrival_sorted([r for r, x in rem.items() if not x]))
         used = len(kept)
         # 1b. in-flight prefills take chunks from the leftover
-        prefillers = sorted((r for r in rem if rem[r] > 0), key=key)
+        prefillers = self._arrival_sorted([r for r, x in rem.items() if x])
         head_chunk = budget - used                  # what the first of them may take
         head_left = rem[prefillers[0]] if prefillers else 0
         used = self._prefill(prefillers, budget, used)

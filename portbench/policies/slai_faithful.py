@@ -81,7 +81,7 @@ class SlaiFaithful(PagedPolicy):
         super().reset(view)
         self._max_kv = view.model.max_kv_tokens
         self._lst: dict[int, float] = {}    # last-schedule time of decoders
-        # With a TBT this short a served decoder could turn critical on the next step: walk every step.
+        self._steady = None                 # see _repeat
         # the admission order, shortest prompt first then id, as one rank per request
         order = np.lexsort((np.arange(view.n_requests), view.input_tokens))
         rank = np.empty(view.n_requests, dtype=np.int64)
@@ -89,6 +89,7 @@ class SlaiFaithful(PagedPolicy):
         self._prompt_rank_array = rank
         self._waiting = WaitingOrder()
         rule = self.rule
+        # With a TBT this short a served decoder could turn critical on the next step: walk every step.
         self._never_skip = (rule.tbt_s - rule.theta_high * rule.step_s
                             < 3 * view.model.longest_quiet_step_s)
 
@@ -112,7 +113,29 @@ class SlaiFaithful(PagedPolicy):
             for r in lst:
                 lst[r] = value
 
+    def _repeat(self, view):
+        """The decision of a step that repeats the last one, or None.
+
+        The last call served no decoder and admitted nothing: one prefill took the whole budget and
+        goes on, every decoder was held. The next step repeats it exactly when the running requests
+        are the same (nothing admitted, nothing left), no held decoder has turned critical (their
+        LSTs have not moved) and the prefill still has more than a budget left: the same chunk to
+        it, no room to admit, the same holds.
+        """
+        running, prefill, hold, first_lst = self._steady
+        if (view.step == self._last_step + 1 and first_lst > view.now
+                and self._rem[prefill] > self.rule.token_budget and view.running == running):
+            self._rem[prefill] -= self.rule.token_budget
+            self._last_step = view.step
+            return Decision(hold=hold, wake_after_steps=1)
+        return None
+
     def schedule(self, view):
+        if self._steady is not None:
+            d = self._repeat(view)
+            if d is not None:
+                return d
+            self._steady = None
         self._sync(view)
         rem, lst = self._rem, self._lst
         now = view.now
@@ -131,6 +154,7 @@ class SlaiFaithful(PagedPolicy):
         critical, non_critical = rule.split(decoding, lst.__getitem__, now)
         served = critical[:limit]
         used = len(served)
+        head_left = rem[prefilling[0]] if prefilling and not used else 0
         used = self._prefill(prefilling, budget, used)
         # admission, shortest prompt first (TBT is the same for every request): the waiting queue
         # kept in that fixed order across calls
@@ -144,6 +168,9 @@ class SlaiFaithful(PagedPolicy):
         served += non_critical[:extra]
         lst.update(dict.fromkeys(served, fresh))
         hold = frozenset(critical[limit:] + non_critical[extra:])
+        if head_left > budget and not admit:
+            # the first prefill took the whole budget and goes on; nothing was served
+            self._steady = (running, prefilling[0], hold, lst[decoding[0]] if decoding else math.inf)
         if admit or hold or prefilling or critical or closed == "budget" or self._never_skip:
             wake = 1
         else:

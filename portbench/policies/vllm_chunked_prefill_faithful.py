@@ -33,7 +33,7 @@ class VllmChunkedPrefillFaithful(PagedPolicy):
         rem = self._rem
         budget = self.max_num_batched_tokens
         # 1. running pass over the mixed list, oldest arrival first
-        ordered = sorted(rem, key=self._key.__getitem__)
+        ordered = self._arrival_sorted(rem)
         used = seqs = 0
         kept, preempted = [], []
         prefilled = False

@@ -38,7 +38,7 @@ class VllmFaithful(PagedPolicy):
     def schedule(self, view):
         self._sync(view)
         # 1. running pass, oldest arrival first
-        kept, preempted = self._running_pass(sorted(self._rem, key=self._key.__getitem__))
+        kept, preempted = self._running_pass(self._arrival_sorted(self._rem))
         # 2. admission in queue order, whole prompts plus the first slot; each kept request takes 1 token
         budget = self.max_num_batched_tokens
         queue = view.waiting
