@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from portbench import sim
+from portbench.engine_v1 import VllmV1Model
 from portbench.policies import available, make_policy
 from portbench.workload import Window, make_window
 
@@ -212,6 +213,28 @@ def test_kv_constrained_urgent_first_and_bypasses_the_cap():
                  [100.0, 0.301, 100.0, 100.0])
     r = both_modes("kv_constrained_online", w, sim.LsspModel(max_kv_tokens=1000))
     np.testing.assert_allclose(r.admit_s, [0.0, 0.001, 0.011, 0.011])
+
+
+@pytest.mark.parametrize("model", [sim.LsspModel(max_kv_tokens=20_000, max_active_sequences=16),
+                                   VllmV1Model(max_kv_tokens=20_000, max_active_sequences=16)],
+                         ids=["lssp", "vllm_v1"])
+def test_kv_constrained_short_queue_path_equals_the_numpy_one(model, monkeypatch):
+    # Queues up to SHORT_QUEUE long are ranked and walked in plain Python: every queue through
+    # either path must give the same run, request by request.
+    from portbench.policies.kv_constrained_online import KvConstrainedOnline
+    rng = np.random.default_rng(3)
+    for seed in range(4):
+        n = 120
+        out = rng.integers(1, 400, n)
+        w = make_window(f"k{seed}", "test", np.sort(rng.uniform(0, 2.0, n)), rng.integers(10, 3000, n),
+                        out, np.maximum(1, (out * rng.uniform(0.5, 1.5, n)).astype(int)),
+                        slo_multiplier=float(rng.choice([5.0, 20.0])))
+        runs = []
+        for short in (0, 10 ** 9):
+            monkeypatch.setattr(KvConstrainedOnline, "SHORT_QUEUE", short)
+            runs.append(sim.simulate(w, make_policy("kv_constrained_online"), model))
+        for name in ("admit_s", "first_token_s", "finish_s"):
+            np.testing.assert_array_equal(getattr(runs[0], name), getattr(runs[1], name))
 
 
 # --- vllm_style_token_budget --------------------------------------------------------------------
