@@ -30,6 +30,7 @@ class RandomTally(Policy):
         self.count = {}                 # request -> tokens it holds now, by this policy's reckoning
         self.first, self.finish = {}, {}    # request -> step of its first / last token
         self.prev = None
+        self.last_hold = frozenset()
         self.calls = 0
 
     def _account(self, view):
@@ -56,16 +57,24 @@ class RandomTally(Policy):
             self._account(view)
         self.calls += 1
         running, waiting = list(view.running), list(view.waiting)
-        assert view.decoded_of(running) == [self.count.get(i, 0) for i in running]
-        decoded = view.decoded
-        for i, c in self.count.items():
-            assert decoded[i] == c, (i, view.step)
-        assert view.kv_used == sum(int(view.input_tokens[i]) + self.count.get(i, 0) for i in running)
         rng = self.rng
-        preempt = [i for i in running if rng.random() < 0.05]
-        rest = [i for i in running if i not in preempt]
-        hold = frozenset(i for i in rest if rng.random() < 0.3)
-        admit = [i for i in waiting if rng.random() < 0.5]
+        repeat = bool(self.last_hold) and self.last_hold <= set(running) and rng.random() < 0.6
+        if not repeat and rng.random() < 0.5:
+            # (read at some calls only: an engine may keep bookkeeping pending until it is read)
+            assert view.decoded_of(running) == [self.count.get(i, 0) for i in running]
+            decoded = view.decoded
+            for i, c in self.count.items():
+                assert decoded[i] == c, (i, view.step)
+        assert view.kv_used == sum(int(view.input_tokens[i]) + self.count.get(i, 0) for i in running)
+        if repeat:
+            # the same hold again, the same object (as a policy repeating its decision returns it)
+            preempt, rest, hold = [], running, self.last_hold
+        else:
+            preempt = [i for i in running if rng.random() < 0.05]
+            rest = [i for i in running if i not in preempt]
+            hold = frozenset(i for i in rest if rng.random() < 0.3)
+        admit = [i for i in waiting if rng.random() < (0.5 if rng.random() < 0.5 else 0.0)]
+        self.last_hold = hold
         quiet = not (preempt or hold or admit)
         wake = rng.choice([1, 2, 5, 50]) if quiet else 1
         self.prev = (view.step, [i for i in rest if i not in hold] + admit, preempt)
