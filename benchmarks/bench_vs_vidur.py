@@ -21,6 +21,7 @@ policy with free decisions could reach at most on this trace.
 """
 
 import argparse
+import dataclasses
 import time
 
 import numpy as np
@@ -135,9 +136,8 @@ class _Recorder(sim.Policy):
     def schedule(self, view):
         d = self.policy.schedule(view)
         taken = []
-        self.log.append((view.step, taken, list(d.preempt), d.hold, d.wake_at_s, d.wake_after_steps))
-        return sim.Decision(admit=_noted(d.admit, taken), preempt=self.log[-1][2], hold=d.hold,
-                            wake_at_s=d.wake_at_s, wake_after_steps=d.wake_after_steps)
+        self.log.append((view.step, dataclasses.replace(d, admit=taken, preempt=list(d.preempt))))
+        return dataclasses.replace(self.log[-1][1], admit=_noted(d.admit, taken))
 
 
 def _noted(admissions, taken: list):
@@ -158,12 +158,11 @@ class _Replay(sim.Policy):
         self.k = 0
 
     def schedule(self, view):
-        step, admit, preempt, hold, wake_at_s, wake_after_steps = self.log[self.k]
+        step, decision = self.log[self.k]
         self.k += 1
         if step != view.step:
             raise RuntimeError(f"the replay drifted: asked at step {view.step}, recorded {step}")
-        return sim.Decision(admit=admit, preempt=preempt, hold=hold, wake_at_s=wake_at_s,
-                            wake_after_steps=wake_after_steps)
+        return decision
 
 
 def engine_share(args):

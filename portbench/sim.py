@@ -11,10 +11,10 @@ One run replays one window on one engine from an empty state. Each step ``s`` (s
 
 Steps in which nothing can change are not walked one by one: after a step the engine jumps to the
 next step at which anything can (an arrival becomes visible, a request completes, the policy's own
-timer fires — see :class:`Decision` — or the policy preempted or held something), decoding the skipped
-steps in bulk. ``event_skipping=False`` walks every step and asks the policy at each; the tests (and
-:func:`portbench.testing.check_policy`, for any policy) prove both give identical results, request by
-request.
+timer fires — see :class:`Decision` — or the policy admitted, preempted or held something, unless it
+called the decision steady), decoding the skipped steps in bulk. ``event_skipping=False`` walks every
+step and asks the policy at each; the tests (and :func:`portbench.testing.check_policy`, for any
+policy) prove both give identical results, request by request.
 
 The policy interface, in one place (see also the book's "Add your own scheduler"):
 
@@ -23,9 +23,10 @@ The policy interface, in one place (see also the book's "Add your own scheduler"
   to be asked again on its own (``wake_at_s``, a time on the clock, or ``wake_after_steps``);
 - the engine owns every rule: it admits a proposed request only if the engine model's limits allow,
   reports what it refused in ``view.refused`` at the next call, and schedules the policy's timers as
-  events. A step that admits, preempts or holds is always followed by a step in which the policy is
-  asked again; the clock and the decoded counts move on in skipped steps, so a decision that depends
-  on them needs a timer;
+  events. A step that admits, preempts or holds is followed by a step in which the policy is asked
+  again — unless the decision is ``steady`` (see :class:`Decision`: the steps up to its timer repeat
+  it); the clock and the decoded counts move on in skipped steps, so a decision that depends on them
+  needs a timer;
 - a policy that declares ``admission_only`` must never preempt or hold (the engine raises
   :class:`PolicyContractError` if it does) and must decide from the view alone.
 """
@@ -90,7 +91,17 @@ class Decision:
     ``view.refused`` at the next call.
 
     ``preempt`` (running requests to put back at the queue front, their generated tokens lost) and
-    ``hold`` (running requests that get no token this step) end any skipped stretch.
+    ``hold`` (running requests that get no token this step) end any skipped stretch, and so do
+    admissions: the policy is asked again at the next step.
+
+    ``steady=True`` says that the steps after this one, up to the policy's timer, would each get the
+    same answer: the same ``hold``, nothing admitted or preempted. The engine may then skip them after
+    this decision's holds and admissions too (never after a preemption, which a steady decision may
+    not make, nor after a refused admission), holding the same requests at every skipped step. The
+    claim holds *whatever arrives* meanwhile: arrivals join the queue without ending the stretch (the
+    policy sees them at its next call); a completion still ends it, and an engine may ask earlier
+    (``vllm_v1`` asks at every step it walks). Walking every step, the policy is asked at each as
+    usual, so a false claim shows up in :func:`portbench.testing.check_policy`.
 
     The policy's timer: the engine asks again, with nothing else happening, at the first step that
     starts at or after ``wake_at_s`` (seconds on the clock) or ``wake_after_steps`` steps after this
@@ -103,6 +114,7 @@ class Decision:
     hold: frozenset = frozenset()
     wake_at_s: float = NEVER
     wake_after_steps: float = NEVER
+    steady: bool = False
 
 
 NOTHING = Decision()
@@ -189,6 +201,9 @@ def check_decision(policy: Policy, d: Decision) -> Decision:
             f"policy {policy.name!r} declares admission_only but returned "
             f"{'preempt=' + str(list(d.preempt)) if d.preempt else 'hold=' + str(sorted(d.hold))}; "
             "drop the admission_only flag or only admit")
+    if d.steady and d.preempt:
+        raise PolicyContractError(f"policy {policy.name!r} returned a steady decision that preempts "
+                                  f"{list(d.preempt)}; a preemption always ends a skipped stretch")
     if not (d.wake_after_steps >= 1):
         raise PolicyContractError(f"policy {policy.name!r} returned wake_after_steps="
                                   f"{d.wake_after_steps!r}; it must be >= 1 (1 = the next step)")
@@ -308,10 +323,10 @@ class _Engine:
         if n == 0:
             return
         self.step = self.visible[order[0]]
-        last_step = None                    # set when the last arrival is enqueued
         lazy = event_skipping and self.policy.admission_only
         seq_cap = min(m.max_active_sequences, m.max_batch_tokens)
         visible = [self.visible[i] for i in order]      # in arrival order
+        last_step = visible[-1] + m.drain_steps - 1     # the drain bound: the last arrival's step on
         schedule, refresh, policy = self.policy.schedule, view.refresh, self.policy
         waiting_set = self._waiting_set
         while True:
@@ -323,8 +338,6 @@ class _Engine:
                 waiting_set.add(i)
                 self.waiting_version += 1
                 next_arrival += 1
-            if last_step is None and next_arrival == n:
-                last_step = s + m.drain_steps - 1
             # 2. scheduling. An admission-only policy has nothing to decide while the queue is empty
             # or no sequence slot is free (whatever it proposed would be refused).
             running = self.running
@@ -341,11 +354,14 @@ class _Engine:
             hold = decision.hold
             # 3. decode, possibly over several steps at once. A decision that changed the engine's
             # state (an admission, a preemption, a hold) is an event: the policy is asked again next
-            # step — unless it is admission-only and will not be asked then (nothing waits, or no slot).
+            # step — unless it is admission-only and will not be asked then (nothing waits, or no slot),
+            # or the decision is steady and every admission was granted.
+            steady = decision.steady and not self.refused       # arrivals do not end its stretch
             if event_skipping and (not (admitted or hold or decision.preempt) or (
-                    lazy and (not self.waiting or len(self.running) >= seq_cap))):
-                horizon = self._next_event_step(decision, visible[next_arrival] if next_arrival < n else NEVER)
-                if last_step is not None and horizon > last_step + 1:
+                    lazy and (not self.waiting or len(self.running) >= seq_cap)) or steady):
+                horizon = self._next_event_step(
+                    decision, visible[next_arrival] if next_arrival < n and not steady else NEVER)
+                if horizon > last_step + 1:
                     horizon = last_step + 1
                 span = horizon - s if horizon - s > 1 else 1
             else:
@@ -357,7 +373,7 @@ class _Engine:
             # KV at the start of its last step counts this step's admissions; of this step, not)
             self.prev_kv_used = kv_at_start if span == 1 else kv_after + (span - 1) * n_decoding
             self.step = s + span
-            if last_step is not None and self.step > last_step:
+            if self.step > last_step:
                 break
             if not self.waiting and not self.running:
                 if next_arrival == n:
@@ -373,6 +389,10 @@ class _Engine:
         t = next_visible
         # a request completes during step (s + remaining - 1) and frees its slot for the step after
         first_done = self._first_done()
+        if first_done is not None and decision.hold and decision.steady:
+            # held requests gain no token in a steady stretch: the first completion is another's
+            base, out, hold = self._base, self.out, decision.hold
+            first_done = min((out[i] + b for i, b in base.items() if i not in hold), default=None)
         if first_done is not None and s + first_done - self._tick < t:
             t = s + first_done - self._tick
         wake = s + decision.wake_after_steps

@@ -89,6 +89,70 @@ def test_an_admission_only_policy_that_holds_is_refused(model):
         sim.simulate(w, HoldsButSaysAdmissionOnly(), model)
 
 
+class HoldsTheOldest(Policy):
+    """Holds the oldest running request for its first 20 ms after arrival, admitting nothing
+    meanwhile; otherwise admits every waiting request. While it holds, its answer stays the same
+    whatever arrives, until the 20 ms are up: a steady decision with that timer."""
+
+    name = "holds_the_oldest"
+    timer = True
+
+    def schedule(self, view):
+        if view.running:
+            r = min(view.running)
+            until = view.arrival_s[r] + 0.02
+            if view.now < until:
+                return Decision(hold=frozenset([r]), steady=True,
+                                wake_at_s=until if self.timer else sim.NEVER)
+        return Decision(admit=list(view.waiting))
+
+
+class HoldsTheOldestWithoutTimer(HoldsTheOldest):
+    name = "holds_the_oldest_without_timer"
+    timer = False
+
+
+class AdmitsSteadily(Policy):
+    """Claims a steady answer while admitting whatever waits: an arrival changes the answer."""
+
+    name = "admits_steadily"
+
+    def schedule(self, view):
+        return Decision(admit=list(view.waiting), steady=True)
+
+
+@pytest.mark.parametrize("model", MODELS, ids=lambda m: m.name)
+def test_a_steady_hold_is_skipped_over_and_a_false_claim_is_caught(model):
+    # request 0 is held for 20 ms while 1 and 2 arrive (not admitted meanwhile); then all run
+    w = make_window("w", "test", [0.0, 0.004, 0.008], [10, 10, 10], [30, 5, 5], [30, 5, 5])
+    r = sim.simulate(w, HoldsTheOldest(), model, verify=True)
+    assert r.completed.all()
+    assert (r.admit_s[1:] >= 0.02).all()
+    check_policy(HoldsTheOldest, max_examples=30)
+
+
+def test_a_false_steady_claim_is_caught():
+    # The lssp engine skips the steps a steady decision covers (vllm_v1 asks at every step it walks)
+    w = make_window("w", "test", [0.0, 0.004, 0.008], [10, 10, 10], [30, 5, 5], [30, 5, 5])
+    with pytest.raises(PolicyContractError, match=r"request 1 .*admitted never on the fast path .*steady"):
+        sim.simulate(w, HoldsTheOldestWithoutTimer(), sim.LsspModel(), verify=True)
+    with pytest.raises(PolicyContractError, match="admits_steadily.*differ"):
+        check_policy(AdmitsSteadily, max_examples=30)
+
+
+def test_a_steady_decision_may_not_preempt():
+    class PreemptsSteadily(PreemptOnce):
+        name = "preempts_steadily"
+
+        def schedule(self, view):
+            d = super().schedule(view)
+            return Decision(admit=d.admit, preempt=d.preempt, steady=bool(d.preempt))
+
+    w = make_window("w", "test", [0.0, 0.005], [10, 10], [40, 5], [40, 5])
+    with pytest.raises(PolicyContractError, match="steady decision that preempts"):
+        sim.simulate(w, PreemptsSteadily(), sim.LsspModel())
+
+
 class CountsCalls(Policy):
     """Declares admission_only but admits by how often it was asked: hidden state."""
 

@@ -30,3 +30,15 @@ def test_pinned_bounds_are_reported(data_dir):
     assert find_lambda_ref(w, threshold=0.0).pinned == "low"
     # A threshold every run stays below pins it to the upper bound.
     assert find_lambda_ref(w, threshold=1.01).pinned == "high"
+
+
+def test_probes_with_the_same_visible_steps_reuse_a_run_and_give_the_same_knee(data_dir):
+    from portbench.regions import (BISECTION_STEPS, LOG10_BOUNDS, VIOLATION_THRESHOLD, bisect_log10,
+                                   violation_rate_at)
+
+    for w in store.load_windows(data_dir)[::40]:
+        cal = find_lambda_ref(w)
+        plain, _ = bisect_log10(lambda x: violation_rate_at(w, 10.0 ** x) < VIOLATION_THRESHOLD,
+                                *LOG10_BOUNDS, BISECTION_STEPS)
+        assert cal.lambda_ref == plain
+        assert cal.n_simulations < BISECTION_STEPS + 2

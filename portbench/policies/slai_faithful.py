@@ -8,6 +8,10 @@ watermark, the sequence cap or finds no budget left; engine-limit misfits are sk
 then non-critical decodes from the leftover, earliest ``lst`` first. Decoders not served are held
 for the step. Θ is 5 steps below 96% real KV use and 10 at or above. No preemption. Prefill is a
 shadow: prefilling and new requests are never held and decode from their admission step on.
+
+While one prefill takes the whole budget and every decoder is held, the next steps repeat that
+decision up to the prefill's last whole chunk or until the first held decoder turns critical: the
+decision says so (``steady``, with those two timers) and the ``lssp`` engine skips those steps.
 """
 
 from __future__ import annotations
@@ -101,13 +105,17 @@ class SlaiFaithful(PagedPolicy):
         return self._inp[r]                 # the block manager holds prompts only: no decode slots
 
     def _sync(self, view):
-        skipped = self._last_step is not None and view.step - self._last_step > 1
+        # Steps skipped after a steady decision (see _steady_decision) served no decoder, and the
+        # base class takes the prefill's chunks off; steps skipped after any other decision served
+        # every decoder.
+        skipped = (self._last_step is not None and view.step - self._last_step > 1
+                   and self._skip_from is None)
         super()._sync(view)
         if skipped:
-            # The policy let the engine skip steps only when nothing prefilled, nothing was admitted
-            # or held and no request left before the last of them: every decoder was served (and its
-            # LST refreshed) at each, so its LST is the one of the step just before this call, with
-            # Θ from the KV in use when that step started.
+            # The policy let the engine skip these steps only when nothing prefilled, nothing was
+            # admitted or held and no request left before the last of them: every decoder was served
+            # (and its LST refreshed) at each, so its LST is the one of the step just before this
+            # call, with Θ from the KV in use when that step started.
             value = self.rule.last_schedule_time(view.prev_step_start_s, view.prev_kv_used / self._max_kv)
             lst = self._lst
             for r in lst:
@@ -127,8 +135,19 @@ class SlaiFaithful(PagedPolicy):
                 and self._rem[prefill] > self.rule.token_budget and view.running == running):
             self._rem[prefill] -= self.rule.token_budget
             self._last_step = view.step
-            return Decision(hold=hold, wake_after_steps=1)
+            return self._steady_decision(view)
         return None
+
+    def _steady_decision(self, view):
+        """The decision of a step after which the next ones repeat it (see :meth:`_repeat`): they
+        repeat while the prefill has a whole budget left (the one that finishes it included) and
+        until the first held decoder turns critical, so the engine may skip them, holding the same
+        decoders; the skipped chunks are taken off at the next call."""
+        _, prefill, hold, first_lst = self._steady
+        if self._never_skip:
+            return Decision(hold=hold, wake_after_steps=1)
+        wake = self._let_skip(view, [], (prefill, self.rule.token_budget))
+        return Decision(hold=hold, wake_after_steps=wake, wake_at_s=first_lst, steady=True)
 
     def schedule(self, view):
         if self._steady is not None:
@@ -171,6 +190,7 @@ class SlaiFaithful(PagedPolicy):
         if head_left > budget and not admit:
             # the first prefill took the whole budget and goes on; nothing was served
             self._steady = (running, prefilling[0], hold, lst[decoding[0]] if decoding else math.inf)
+            return self._steady_decision(view)
         if admit or hold or prefilling or critical or closed == "budget" or self._never_skip:
             wake = 1
         else:
