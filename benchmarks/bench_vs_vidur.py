@@ -29,6 +29,7 @@ import numpy as np
 from portbench import sim, store
 from portbench.engine_v1 import VllmV1Model
 from portbench.policies import make_policy
+from portbench.policies._common import recorded
 from portbench.workload import make_window, scale
 
 VIDUR_REQUESTS_PER_S = 280.0
@@ -137,13 +138,7 @@ class _Recorder(sim.Policy):
         d = self.policy.schedule(view)
         taken = []
         self.log.append((view.step, dataclasses.replace(d, admit=taken, preempt=list(d.preempt))))
-        return dataclasses.replace(self.log[-1][1], admit=_noted(d.admit, taken))
-
-
-def _noted(admissions, taken: list):
-    for i in admissions:
-        taken.append(i)
-        yield i
+        return dataclasses.replace(self.log[-1][1], admit=recorded(d.admit, taken))
 
 
 class _Replay(sim.Policy):

@@ -38,6 +38,7 @@ step code but asks the policy at every step and jumps nowhere.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import heapq
 import math
 from typing import ClassVar
@@ -135,9 +136,10 @@ class VllmV1Model:
     cost: StepCost = StepCost()
     drain_s: float = 50.0
 
-    @property
-    def max_batch_tokens(self) -> int:      # the name the policies' hard-limit check reads
-        return self.max_num_batched_tokens
+    @functools.cached_property
+    def max_sequences(self) -> int:
+        """The most requests that can run at once: a sequence slot each, and a budget token each."""
+        return min(self.max_active_sequences, self.max_num_batched_tokens)
 
     @property
     def step_s(self) -> float:

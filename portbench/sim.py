@@ -34,6 +34,7 @@ The policy interface, in one place (see also the book's "Add your own scheduler"
 from __future__ import annotations
 
 import dataclasses
+import functools
 import heapq
 import math
 from typing import ClassVar
@@ -76,6 +77,11 @@ class LsspModel:
     def longest_quiet_step_s(self) -> float:
         """The longest a step can last in which only decoding happens."""
         return self.step_s
+
+    @functools.cached_property
+    def max_sequences(self) -> int:
+        """The most requests that can run at once: a sequence slot each, and a batch token each."""
+        return min(self.max_active_sequences, self.max_batch_tokens)
 
     def make_engine(self, window, policy, priority=None):
         return _Engine(window, policy, self, priority)
@@ -324,7 +330,7 @@ class _Engine:
             return
         self.step = self.visible[order[0]]
         lazy = event_skipping and self.policy.admission_only
-        seq_cap = min(m.max_active_sequences, m.max_batch_tokens)
+        seq_cap = m.max_sequences
         visible = [self.visible[i] for i in order]      # in arrival order
         last_step = visible[-1] + m.drain_steps - 1     # the drain bound: the last arrival's step on
         schedule, refresh, policy = self.policy.schedule, view.refresh, self.policy
@@ -426,7 +432,7 @@ class _Engine:
         preempt = d.preempt
         running, base, heap = self.running, self._base, self._done_heap
         inp, out, decoded = self.inp, self.out, self.decoded
-        seq_cap = min(m.max_active_sequences, m.max_batch_tokens)
+        seq_cap = m.max_sequences
         admitted, refused = [], []
         for i in d.admit:
             if preempt and i in preempt:

@@ -182,9 +182,11 @@ def test_slai_example():
     assert_same(r, r2)
     assert {s: d for s, d in rec2.decisions.items() if d[2]} == {s: ([1] if s == 10 else [], [], [0])
                                                                  for s in range(10, 15)}
-    # On the fast path step 11's decision (B's chunk, A held) is steady: it repeats at steps 12-14,
-    # up to B's last whole chunk (3000 = 5 x 512 + 440), and the engine skips them.
-    assert {s: d for s, d in rec.decisions.items() if d[2]} == {10: ([1], [], [0]), 11: ([], [], [0])}
+    # On the fast path step 10's decision (B admitted, its first chunk the whole budget, A held) is
+    # steady: steps 11-14 repeat it without an admission, up to B's last whole chunk (3000 =
+    # 5 x 512 + 440), and the engine skips them.
+    assert {s: d for s, d in rec.decisions.items() if d[2]} == {10: ([1], [], [0])}
+    assert 10 in rec.steady and not any(11 <= s <= 14 for s in rec.states)
     assert rec.calls < 40                                             # the 1000 steps are skipped
 
 
@@ -199,13 +201,13 @@ def test_slai_lst_float_boundary_and_expiry():
     held = sorted(s for s, d in rec.decisions.items() if 0 in d[2])
     assert held[:first_critical - 10] == list(range(10, first_critical))
     assert first_critical not in held
-    # The fast path: from step 11 the hold is steady, with A's LST as its clock timer, so the next
-    # call comes at the step the timer names (or one before, as a clock timer may).
+    # The fast path: from B's admission at step 10 the hold is steady, with A's LST as its clock
+    # timer, so the next call comes at the step the timer names (or one before, as a clock timer may).
     fast, rec_fast = run("slai_faithful", w, model, True, token_budget=512, block_size=16)
     assert_same(fast, r)
     asked = sorted(rec_fast.states)
-    after = asked[asked.index(11) + 1]
-    assert after in (first_critical - 1, first_critical)
+    assert 10 in rec_fast.steady
+    assert asked[asked.index(10) + 1] in (first_critical - 1, first_critical)
 
 
 @pytest.mark.parametrize("threshold", [0.0149, 0.015, 0.0151])

@@ -37,8 +37,7 @@ def ranked_waiting(view, *keys_last_first) -> list:
 def fits(view, active: int, kv: int, prompt: int) -> bool:
     """The engine's hard admission limits: one more sequence, and its whole prompt in the KV cache."""
     m = view.model
-    return (active + 1 <= m.max_active_sequences and kv + prompt <= m.max_kv_tokens
-            and active + 1 <= m.max_batch_tokens)
+    return active + 1 <= m.max_sequences and kv + prompt <= m.max_kv_tokens
 
 
 def admissions_in_order(view, ranked, accept=None, kv_charge=None, limit=None):
@@ -55,7 +54,7 @@ def admissions_in_order(view, ranked, accept=None, kv_charge=None, limit=None):
     """
     active, kv = view.n_active, view.kv_used
     m = view.model
-    slots = m.max_active_sequences
+    slots = m.max_sequences
     if active >= slots:
         return
     if accept is None and kv_charge is None and not hasattr(ranked, "__len__"):
@@ -67,7 +66,7 @@ def admissions_in_order(view, ranked, accept=None, kv_charge=None, limit=None):
             p = prompts[chunk]
             pos = 0
             while pos < len(chunk):
-                if active + 1 > slots or active + 1 > m.max_batch_tokens:
+                if active + 1 > slots:
                     return
                 hit = np.flatnonzero(p[pos:] <= m.max_kv_tokens - kv)
                 if not len(hit):
@@ -108,3 +107,11 @@ def admissions_in_order(view, ranked, accept=None, kv_charge=None, limit=None):
 def admit_in_order(view, ranked, accept=None, kv_charge=None, limit=None) -> list:
     """The whole walk of :func:`admissions_in_order`, as a list."""
     return list(admissions_in_order(view, ranked, accept, kv_charge, limit))
+
+
+def recorded(admissions, record: list):
+    """``admissions``, lazily, each noted in ``record`` as the engine takes it (the queue's update at
+    the next call starts from what was taken)."""
+    for i in admissions:
+        record.append(i)
+        yield i

@@ -220,8 +220,7 @@ class PagedPolicy(Policy):
             close_blocks = bm.free_blocks - nb < bm.watermark_blocks
             close_seqs = seqs + 1 > self._max_seqs
             close_budget = np.where(w, used + p > budget, budget - used <= 0)
-            fit = ((active + 1 <= m.max_active_sequences) & (kv + p <= m.max_kv_tokens)
-                   & (active + 1 <= m.max_batch_tokens))
+            fit = (active + 1 <= m.max_sequences) & (kv + p <= m.max_kv_tokens)
             event = np.flatnonzero(close_blocks | close_seqs | close_budget | fit)
             if not len(event):
                 break

@@ -78,7 +78,7 @@ class KvConstrainedOnline(Policy):
         ranked = sorted(lax, key=lambda i: (lax[i] > urgent_lax, cost[i], lax[i], i))
         m = view.model
         max_kv = max(m.max_kv_tokens, 1)
-        seq_cap = min(m.max_active_sequences, m.max_batch_tokens)
+        seq_cap = m.max_sequences
         active, kv = view.n_active, view.kv_used
         admitted, wake = [], NEVER
         for i in ranked:
@@ -104,7 +104,7 @@ class KvConstrainedOnline(Policy):
         p = view.input_tokens
         max_kv = max(m.max_kv_tokens, 1)
         active, kv = view.n_active, view.kv_used
-        seq_cap = min(m.max_active_sequences, m.max_batch_tokens)
+        seq_cap = m.max_sequences
         admitted, capped = [], []
         pos = 0
         while pos < len(ranked) and active + 1 <= seq_cap:

@@ -6,7 +6,7 @@ import numpy as np
 
 from ..sim import Decision, Policy
 from . import register
-from ._common import ALPHA, BETA, admissions_in_order, estimate
+from ._common import ALPHA, BETA, admissions_in_order, estimate, recorded
 from .vllm_priority import WaitingOrder
 
 #: Relative width of a near-tie of ``deadline - est`` (see :meth:`LeastLaxityFirst._exact_chunks`):
@@ -55,7 +55,7 @@ class LeastLaxityFirst(Policy):
         rank = self._rank
         w = self._waiting.get(view, lambda ids, _: rank[ids])
         admit = admissions_in_order(view, self._exact_chunks(view, w.ids, w.keys))
-        return Decision(admit=_recorded(admit, w.yielded))
+        return Decision(admit=recorded(admit, w.yielded))
 
     def _exact_chunks(self, view, ids, ranks, head: int = 16):
         """The waiting requests ``ids`` (sorted by their fixed ``ranks``) in the exact key order, as
@@ -79,11 +79,3 @@ class LeastLaxityFirst(Policy):
             yield c
             pos = end
             head *= 4
-
-
-def _recorded(admissions, record: list):
-    """``admissions``, lazily, each noted in ``record`` as the engine takes it (the queue's update at
-    the next call starts from what was taken)."""
-    for i in admissions:
-        record.append(i)
-        yield i

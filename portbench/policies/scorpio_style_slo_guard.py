@@ -161,7 +161,7 @@ class ScorpioStyleSloGuard(Policy):
         m = view.model
         active = view.n_active + len(admitted)
         kv = view.kv_used + sum(int(view.input_tokens[i]) for i in admitted)
-        if not (active + 1 <= m.max_active_sequences and active + 1 <= m.max_batch_tokens):
+        if active + 1 > m.max_sequences:
             return NEVER
         held = held[kv + view.input_tokens[held] <= m.max_kv_tokens]
         if not len(held):

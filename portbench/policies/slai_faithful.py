@@ -118,8 +118,9 @@ class SlaiFaithful(PagedPolicy):
             # call, with Θ from the KV in use when that step started.
             value = self.rule.last_schedule_time(view.prev_step_start_s, view.prev_kv_used / self._max_kv)
             lst = self._lst
-            for r in lst:
-                lst[r] = value
+            for r, x in self._rem.items():
+                if not x:
+                    lst[r] = value
 
     def _repeat(self, view):
         """The decision of a step that repeats the last one, or None.
@@ -191,13 +192,20 @@ class SlaiFaithful(PagedPolicy):
             # the first prefill took the whole budget and goes on; nothing was served
             self._steady = (running, prefilling[0], hold, lst[decoding[0]] if decoding else math.inf)
             return self._steady_decision(view)
-        if admit or hold or prefilling or critical or closed == "budget" or self._never_skip:
+        if not served and not prefilling and admit and rem[admit[0]] >= budget:
+            # Nothing was served and nothing prefilled: the one admission took the whole budget and
+            # has at least as much left, so from the next step it is the prefill above.
+            self._steady = (None, admit[0], hold, lst[decoding[0]] if decoding else math.inf)
+            return dataclasses.replace(self._steady_decision(view), admit=admit)
+        if (admit or hold or critical or closed == "budget" or self._never_skip or (prefilling and (
+                any(rem[r] for r in prefilling) or len(running) > min(limit, budget)))):
             wake = 1
         else:
-            # Every decoder was served and refreshed; nothing prefills (all tracked requests are
-            # decoders: nothing was admitted) and the queue closed for reasons fixed until an event
-            # (block manager, seqs) or monotone (engine limits), so nothing changes before the next
-            # arrival or completion. Θ moves only the LST values, which the next call recomputes
-            # exactly as of the last skipped step.
+            # Every decoder was served and refreshed; nothing prefills any more (the prefills of this
+            # step finished, and the next step can serve them with the others: all tracked requests
+            # are decoders, nothing was admitted) and the queue closed for reasons fixed until an
+            # event (block manager, seqs) or monotone (engine limits), so nothing changes before the
+            # next arrival or completion. Θ moves only the LST values, which the next call
+            # recomputes exactly as of the last skipped step.
             wake = math.inf
         return Decision(admit=admit, hold=hold, wake_after_steps=wake)

@@ -267,7 +267,7 @@ def admit_by_key(view, key, evict_key=None, decoded=None, cache: WaitingOrder | 
     if not nw:
         return [], []
     m = view.model
-    slots = min(m.max_active_sequences, m.max_batch_tokens)
+    slots = m.max_sequences
     inp = view.input_tokens
     room = m.max_kv_tokens
     ids = w.ids
