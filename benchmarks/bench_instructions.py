@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 WORKLOAD = r"""
 import sys
 import pandas as pd
-from portbench import campaign, store, sim
+from portbench import store, sim
 from portbench.campaign import CampaignConfig, calibrate
 from portbench.policies import make_policy
 from portbench.regions import REGIONS
@@ -88,7 +88,8 @@ def main():
         base = tmp / "base"
         subprocess.run(["git", "worktree", "add", "--detach", "-f", str(base), args.base], cwd=ROOT,
                        check=True, capture_output=True)
-        # the base tree reads the same windows as this one (they are data, not code)
+        # each tree reads its own checkout's windows (the same files); the cells of both run at this
+        # tree's committed λ_ref
         try:
             counts = {}
             for label, m in (("overhead", "none"), ("workload", mode)):
