@@ -79,19 +79,21 @@ def find_lambda_ref(window: Window, *, policy: str = "fifo", model=None,
     """
     model = model or sim.LsspModel()
     reuse = policy == "fifo" and model.fixed_steps
-    runs: dict[bytes, sim.RunResult] = {}         # visible steps -> FIFO's run (with ``reuse``)
+    runs: dict[bytes, sim.RunResult] = {}         # visible steps -> FIFO's run
     n_simulations = 0
 
     def ok(log_lambda):
         nonlocal n_simulations
-        scaled = scale(window, 10.0 ** log_lambda)
-        key = sim.visible_steps(scaled.arrival_s, model.step_s).tobytes() if reuse else None
+        factor = 10.0 ** log_lambda
+        if not reuse:
+            n_simulations += 1
+            return violation_rate_at(window, factor, policy, model) < threshold
+        scaled = scale(window, factor)
+        key = sim.visible_steps(scaled.arrival_s, model.step_s).tobytes()
         run = runs.get(key)
         if run is None:
-            run = sim.simulate(scaled, make_policy(policy), model)
+            run = runs[key] = sim.simulate(scaled, make_policy(policy), model)
             n_simulations += 1
-            if reuse:
-                runs[key] = run
         else:
             run = dataclasses.replace(run, arrival_s=scaled.arrival_s, deadline_s=scaled.deadline_s)
         return slo_violation_rate(run) < threshold

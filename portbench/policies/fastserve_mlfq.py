@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import heapq
 
+import numba
 import numpy as np
 
 from ..sim import NEVER, Decision, Policy
@@ -146,6 +147,7 @@ class FastServeMlfq(Policy):
         dec = view.decoded
         now = view.now
         level, anchor, to_level = self.level, self.anchor, self._to_level
+        evict_level = self.evict_level
         running = view.running
         # Requests that ran at the last call and no longer do were evicted (or finished): a fresh
         # quantum at their level, and their wait for service starts now.
@@ -157,22 +159,12 @@ class FastServeMlfq(Policy):
                 last_served[i] = now
                 heapq.heappush(since_heap, (now, i))
         self._prev_running = running
-        # demotions, caught up from the tokens generated since each level began
-        r = np.fromiter(running, dtype=np.int64, count=len(running))
-        if len(r):
-            lv = level[r]
-            base = to_level[lv]
-            new = np.searchsorted(to_level, base + (dec[r] - anchor[r]), side="right") - 1
-            anchor[r] += (to_level[new] - base).astype(np.int64)
-            level[r] = new
-            self.evict_level[r] = new
         tie = self._tie
         key = lambda ids, nw: ranked_key(level[ids], ids, nw, tie)    # noqa: E731
         # (level, running before waiting, arrival): a request evicts only from lower levels
         # a request promoted for starvation evicts only from the level it had before
-        evict_level = self.evict_level
         evict_key = lambda ids: ranked_key(evict_level[ids], ids, len(ids), tie)   # noqa: E731
-        w = self._waiting.get(view, key, evict_key).ids
+        self._waiting.get(view, key, evict_key)
         # starvation: waiting requests below level 0 not served for starvation_s, found from the
         # oldest "last served" on (entries of requests since served again or gone are stale)
         starving = []
@@ -186,27 +178,60 @@ class FastServeMlfq(Policy):
             starving = np.array(starving, dtype=np.int64)
             anchor[starving] = dec[starving]
             self._waiting.rekey(starving, key, evict_key)
+        # Demotions of the running requests (the waiting ones' levels and the queue's tally above do
+        # not depend on them), and the timer: one compiled pass.
+        r = np.fromiter(running, dtype=np.int64, count=len(running))
+        wake = _demote_and_cross(r, dec, level, evict_level, anchor, to_level, self._per_level,
+                                 len(view.waiting) > 0)
         admit, preempt = admit_by_key(view, key, evict_key, decoded=dec, cache=self._waiting)
-        wake = NEVER
-        if len(w) and len(r):
-            wake = self._next_crossing(r, np.flatnonzero(self._per_level), dec)
         return Decision(admit=admit, preempt=preempt, wake_after_steps=wake)
 
-    def _next_crossing(self, r, waiting_levels, dec) -> float:
-        """Fewest tokens a running request must generate to drop below the level a waiting request
-        evicts from, where it is not yet (then it becomes evictable by that request)."""
-        lv = self.level[r]
-        k = np.searchsorted(waiting_levels, lv)           # first waiting level >= its level
-        ok = k < len(waiting_levels)
-        if not ok.any():
-            return NEVER
-        target = waiting_levels[k[ok]] + 1                 # the level to reach
-        lv = lv[ok]
-        fits = target < len(self._to_level) - 1
-        if not fits.any():
-            return NEVER
-        lv, target = lv[fits], target[fits]
-        served = dec[r[ok][fits]] - self.anchor[r[ok][fits]]
-        tokens = self._to_level[target] - self._to_level[lv] - served
-        tokens = float(tokens.min())
-        return max(1.0, tokens) if tokens < _NO_END else NEVER
+
+@numba.njit(cache=True)
+def _demote_and_cross(r, dec, level, evict_level, anchor, to_level, per_level, want_wake):
+    """Catch the running requests ``r`` up on their demotions (in place), then, when ``want_wake``,
+    the fewest tokens a running request must generate to drop below the level a waiting request
+    evicts from, where it is not yet (then it becomes evictable by that request); NEVER if none.
+
+    Demotion: a request whose level ``lv`` began when it had decoded ``anchor`` tokens is at the last
+    level ``L`` with ``to_level[L] <= to_level[lv] + (decoded - anchor)``, and its anchor moves on by
+    ``to_level[L] - to_level[lv]`` tokens.
+    """
+    n_lv = to_level.shape[0]
+    for j in range(r.shape[0]):
+        i = r[j]
+        base = to_level[level[i]]
+        x = base + (dec[i] - anchor[i])
+        lo, hi = 0, n_lv                    # the first level whose start lies past x
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if to_level[mid] <= x:
+                lo = mid + 1
+            else:
+                hi = mid
+        new = lo - 1
+        anchor[i] += np.int64(to_level[new] - base)
+        level[i] = new
+        evict_level[i] = new
+    if not want_wake or r.shape[0] == 0:
+        return NEVER
+    # the first level at or below each level (by index: at or after it) holding a waiting request
+    n_pl = per_level.shape[0]
+    first_waiting = np.full(n_pl + 1, -1, dtype=np.int64)
+    for lv in range(n_pl - 1, -1, -1):
+        first_waiting[lv] = lv if per_level[lv] > 0 else first_waiting[lv + 1]
+    best = NEVER
+    for j in range(r.shape[0]):
+        i = r[j]
+        lv = level[i]
+        if lv < 0 or lv >= n_pl or first_waiting[lv] < 0:
+            continue
+        target = first_waiting[lv] + 1           # the level to reach
+        if target >= n_lv - 1:
+            continue
+        tokens = to_level[target] - to_level[lv] - (dec[i] - anchor[i])
+        if tokens < best:
+            best = tokens
+    if best < _NO_END:
+        return max(1.0, best)
+    return NEVER

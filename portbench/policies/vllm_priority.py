@@ -76,7 +76,8 @@ class WaitingOrder:
     list cost far less than rebuilding an array of thousands.
     """
 
-    #: Changes larger than this rebuild the lists in numpy instead of editing them in place.
+    #: Changes larger than this (or than a sixteenth of the queue, in a long one) rebuild the lists
+    #: in numpy instead of editing them in place: an edit moves the list's tail, a rebuild sorts it all.
     _EDIT_LIMIT = 32
 
     def __init__(self, on_change=None):
@@ -162,7 +163,8 @@ class WaitingOrder:
                 del ekeys[:g]
             del ids[:g], keys[:g]
             g = 0
-        if g > self._EDIT_LIMIT or len(new) > self._EDIT_LIMIT:
+        limit = max(self._EDIT_LIMIT, len(ids) >> 4)
+        if g > limit or len(new) > limit:
             self._rebuild_with(gone if g else [], new, key, evict_key)
         else:
             key_of = self._key_of
