@@ -109,7 +109,7 @@ class FastServeMlfq(Policy):
         self.evict_level = self.level.copy()     # = level, but kept through a starvation promotion
         self.anchor = np.zeros(n, dtype=np.int64)            # decoded when the current level began
         self.last_served_s = np.array(view.arrival_s, dtype=np.float64)
-        self._prev_running: tuple = ()
+        self._prev_running: set = set()        # the running requests at the last call
         self._tie = arrival_rank(view)
         # waiting levels change only by promotion; the queue's tally is kept as it changes
         self._waiting = WaitingOrder(on_change=self._queue_changed)
@@ -153,12 +153,13 @@ class FastServeMlfq(Policy):
         # quantum at their level, and their wait for service starts now.
         starvation = self.starvation_s
         since_heap, last_served = self._since, self.last_served_s
+        now_running = self._waiting.running_now(view)
         if self._prev_running:
-            for i in set(self._prev_running).difference(running):
+            for i in self._prev_running - now_running:
                 anchor[i] = dec[i]
                 last_served[i] = now
                 heapq.heappush(since_heap, (now, i))
-        self._prev_running = running
+        self._prev_running = now_running
         tie = self._tie
         key = lambda ids, nw: ranked_key(level[ids], ids, nw, tie)    # noqa: E731
         # (level, running before waiting, arrival): a request evicts only from lower levels

@@ -83,11 +83,20 @@ class WaitingOrder:
     def __init__(self, on_change=None):
         self.clear()
         self._running: tuple = ()
+        self._running_set = None         # set(self._running), when it was built
+        self._now_of, self._now = None, set()           # see running_now
         self.yielded: list = []          # admissions proposed at the last call (as consumed)
         self.evicted: list = []          # evictions decided at the last call
         # on_change(gone, new): requests ``gone`` left the queue and ``new`` joined it (gone None:
-        # the queue is now exactly ``new``), for a policy that keeps its own tally of the queue
+        # the queue is now exactly ``new``), for a policy that keeps its own tally of the queue (a
+        # rekey leaves the queue's members as they were: it is not reported)
         self.on_change = on_change
+
+    def running_now(self, view) -> set:
+        """``view.running`` as a set, built once per call (the policy may share it; never change it)."""
+        if view.running is not self._now_of:
+            self._now_of, self._now = view.running, set(view.running)
+        return self._now
 
     def clear(self):
         self.waiting = None
@@ -103,13 +112,14 @@ class WaitingOrder:
                     self.on_change(None, self.ids)
             self.waiting = t
         self._running = view.running
+        self._running_set = self._now if self._now_of is view.running else None
         self.yielded, self.evicted = [], []
         return self
 
     def rekey(self, ids, key, evict_key=None):
         """The keys of waiting requests ``ids`` have changed: move them to their new places."""
         if self.waiting is not None and len(ids):
-            self._replace(ids, ids, key, evict_key)
+            self._replace(ids, ids, key, evict_key, notify=False)
 
     def _rebuild(self, ids, keys, ekeys):
         """The lists from unsorted arrays of ids, their keys and eviction keys (or None)."""
@@ -129,11 +139,12 @@ class WaitingOrder:
 
     def _update(self, t, view, key, evict_key) -> bool:
         old = self.waiting
-        now_running = set(view.running)
+        now_running = self.running_now(view)
         refused = {i for i, _ in view.refused}      # proposed, refused: still waiting
         gone = [i for i in self.yielded if i in now_running or (i not in refused and i not in t)]
+        before = self._running_set if self._running_set is not None else set(self._running)
         evicted = set(self.evicted)
-        evicted.update(set(self._running).difference(now_running))
+        evicted.update(before - now_running)
         n_front = 0
         while n_front < len(t) and t[n_front] in evicted:
             n_front += 1
@@ -150,8 +161,9 @@ class WaitingOrder:
         self._replace(gone, t[:n_front] + t[len(t) - n_new:], key, evict_key)
         return True
 
-    def _replace(self, gone, new, key, evict_key):
-        """Drop requests ``gone`` and insert requests ``new`` (with their keys now)."""
+    def _replace(self, gone, new, key, evict_key, notify: bool = True):
+        """Drop requests ``gone`` and insert requests ``new`` (with their keys now); ``notify``:
+        tell ``on_change``."""
         ids, keys, ekeys = self.ids, self.keys, self.ekeys
         gone = [int(i) for i in gone]
         g = len(gone)
@@ -176,17 +188,17 @@ class WaitingOrder:
                 del ids[at], keys[at]
             if len(new):
                 nid = np.array(new, dtype=np.int64)
-                nk = key(nid, len(nid))
+                nids, nk = nid.tolist(), key(nid, len(nid)).tolist()
                 nek = None if ekeys is None else evict_key(nid).tolist()
-                for j, (i, k) in enumerate(zip(nid.tolist(), nk.tolist())):
+                for j, (i, k) in enumerate(zip(nids, nk)):
                     at = bisect.bisect_left(keys, k)
                     ids.insert(at, i)
                     keys.insert(at, k)
                     if ekeys is not None:
                         ekeys.insert(at, nek[j])
                         self._index(k, nek[j])
-                self._note_keys(nid, nk)
-        if self.on_change is not None:
+                self._note_keys(nids, nk)
+        if notify and self.on_change is not None:
             self.on_change(gone, new)
 
     def _rebuild_with(self, gone: list, new, key, evict_key):
@@ -236,14 +248,20 @@ class WaitingOrder:
         return 0 if best is None else bisect.bisect_left(self.keys, best) + 1
 
     def _note_keys(self, ids, keys):
-        """Remember the keys of requests ``ids`` (arrays), to find them again when they leave."""
+        """Remember the keys of requests ``ids`` (arrays, or lists of ints), to find them again when
+        they leave."""
         if len(ids):
-            top = int(ids.max()) + 1
+            top = max(ids) + 1 if isinstance(ids, list) else int(ids.max()) + 1
             if len(self._key_of) < top:
                 grown = np.zeros(max(top, 2 * len(self._key_of)), dtype=np.int64)
                 grown[:len(self._key_of)] = self._key_of
                 self._key_of = grown
-            self._key_of[ids] = keys
+            if isinstance(ids, list):
+                key_of = self._key_of
+                for i, k in zip(ids, keys):
+                    key_of[i] = k
+            else:
+                self._key_of[ids] = keys
 
 
 def admit_by_key(view, key, evict_key=None, decoded=None, cache: WaitingOrder | None = None):
