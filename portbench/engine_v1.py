@@ -31,6 +31,9 @@ can, a stretch runs on past arrivals that could not be admitted either (free blo
 it), however the policy would have ranked them. Its admissions are taken lazily, so a long queue is
 walked only as far as the engine admits. The per-request loops of a step and of a stretch are
 compiled with numba over one int64 table (a row per request); the policies still see plain Python.
+A ``steady`` decision (see :class:`~portbench.sim.Decision`) is repeated at the steps it covers
+without asking the policy; those steps are walked one by one all the same (their times depend on
+what runs), and a completion, a preemption or a refused admission ends the repetition.
 ``tests/test_event_skipping.py`` checks all of it against the step-by-step walk, which runs the same
 step code but asks the policy at every step and jumps nowhere.
 """
@@ -393,6 +396,10 @@ class _V1Engine:
         self.t_ps = self.arrival_ps[order[0]]
         # An admission-only policy is asked only when some waiting request could be admitted.
         lazy = event_skipping and self._admission_only
+        # A steady decision is repeated without asking the policy while it holds: (the decision,
+        # the step at which its policy asked to be asked again, the time its clock timer fires, less
+        # the margin for round-off).
+        steady = None
         while True:
             while nxt < n and self.arrival_ps[order[nxt]] <= self.t_ps:
                 self._enqueue(order[nxt])
@@ -408,12 +415,24 @@ class _V1Engine:
                 break                                         # the drain bound: no step starts now
             if self.step_starts_ps is not None:
                 self.step_starts_ps.append(self.t_ps)
-            d = None if lazy else check_decision(self.policy, self.policy.schedule(view.refresh()))
+            if steady is not None and self.step < steady[1] and self.t_ps < steady[2]:
+                # the policy's answer is known: the same holds, nothing admitted (and its timers)
+                d = Decision(hold=steady[0].hold, wake_at_s=steady[0].wake_at_s,
+                             wake_after_steps=steady[1] - self.step)
+            else:
+                steady = None
+                d = None if lazy else check_decision(self.policy, self.policy.schedule(view.refresh()))
+                if event_skipping and d is not None and d.steady:
+                    steady = (d, self.step + d.wake_after_steps,
+                              math.ceil(d.wake_at_s * PS) - _TIMER_MARGIN_PS if d.wake_at_s < NEVER
+                              else NEVER)
             quiet, blocked = self._execute_step(d, view)
             if event_skipping and quiet:
                 k = self._quiet_steps(view, order, nxt, blocked)
                 if k > 0:
                     self._bulk_decode(k)
+            if steady is not None and (self._running_changed or self.refused):
+                steady = None           # a completion, a preemption or a refused admission ends it
 
     def _execute_step(self, d, view) -> tuple[bool, bool]:
         """One engine step. ``d`` is the policy's decision, or None to ask the (admission-only) policy
@@ -509,6 +528,7 @@ class _V1Engine:
         self.free_blocks += freed
         if n_fin:
             self._leave(n_fin)
+        self._running_changed = preempted or n_fin > 0
         # Blocked: with an admission-only policy, after any step in which every running request is
         # left decoding and no waiting one can be admitted, the next steps are pure decodes until a
         # completion, block exhaustion or an arrival that could be admitted.
@@ -594,6 +614,7 @@ class _V1Engine:
         self._kv += kv
         if n_fin:
             self._leave(n_fin)
+            self._running_changed = True
 
     def result(self, window) -> RunResult:
         def stamp(ps):

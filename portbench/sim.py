@@ -105,9 +105,10 @@ class Decision:
     this decision's holds and admissions too (never after a preemption, which a steady decision may
     not make, nor after a refused admission), holding the same requests at every skipped step. The
     claim holds *whatever arrives* meanwhile: arrivals join the queue without ending the stretch (the
-    policy sees them at its next call); a completion still ends it, and an engine may ask earlier
-    (``vllm_v1`` asks at every step it walks). Walking every step, the policy is asked at each as
-    usual, so a false claim shows up in :func:`portbench.testing.check_policy`.
+    policy sees them at its next call); a completion still ends it, and so does a preemption by the
+    engine (``vllm_v1``, which walks each of those steps, repeats the decision at them without asking
+    the policy). Walking every step, the policy is asked at each as usual, so a false claim shows up
+    in :func:`portbench.testing.check_policy`.
 
     The policy's timer: the engine asks again, with nothing else happening, at the first step that
     starts at or after ``wake_at_s`` (seconds on the clock) or ``wake_after_steps`` steps after this

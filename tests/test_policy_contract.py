@@ -96,11 +96,12 @@ class HoldsTheOldest(Policy):
 
     name = "holds_the_oldest"
     timer = True
+    hold_s = 0.02
 
     def schedule(self, view):
         if view.running:
             r = min(view.running)
-            until = view.arrival_s[r] + 0.02
+            until = view.arrival_s[r] + self.hold_s
             if view.now < until:
                 return Decision(hold=frozenset([r]), steady=True,
                                 wake_at_s=until if self.timer else sim.NEVER)
@@ -131,13 +132,72 @@ def test_a_steady_hold_is_skipped_over_and_a_false_claim_is_caught(model):
     check_policy(HoldsTheOldest, max_examples=30)
 
 
-def test_a_false_steady_claim_is_caught():
-    # The lssp engine skips the steps a steady decision covers (vllm_v1 asks at every step it walks)
+@pytest.mark.parametrize("model", MODELS, ids=lambda m: m.name)
+def test_a_false_steady_claim_is_caught(model):
+    # lssp skips the steps a steady decision covers; vllm_v1 walks them without asking the policy
     w = make_window("w", "test", [0.0, 0.004, 0.008], [10, 10, 10], [30, 5, 5], [30, 5, 5])
     with pytest.raises(PolicyContractError, match=r"request 1 .*admitted never on the fast path .*steady"):
-        sim.simulate(w, HoldsTheOldestWithoutTimer(), sim.LsspModel(), verify=True)
+        sim.simulate(w, HoldsTheOldestWithoutTimer(), model, verify=True)
     with pytest.raises(PolicyContractError, match="admits_steadily.*differ"):
         check_policy(AdmitsSteadily, max_examples=30)
+
+
+class CountedHolds(HoldsTheOldest):
+    name = "counted_holds"
+    hold_s = 0.2
+
+    def reset(self, view):
+        self.calls = 0
+
+    def schedule(self, view):
+        self.calls += 1
+        return super().schedule(view)
+
+
+def test_vllm_v1_repeats_a_steady_decision_without_asking():
+    # Request 0 is held for 200 ms (tens of vllm_v1 steps, each walked): the policy is asked at the
+    # first of them and again when its timer fires, not at every step; the result is the walk's.
+    w = make_window("w", "test", [0.0, 0.004, 0.008], [10, 10, 10], [30, 5, 5], [30, 5, 5])
+    model = VllmV1Model(drain_s=2.0)
+    fast, walked = CountedHolds(), CountedHolds()
+    a = sim.simulate(w, fast, model)
+    b = sim.simulate(w, walked, model, event_skipping=False)
+    for x, y in [(a.admit_s, b.admit_s), (a.first_token_s, b.first_token_s), (a.finish_s, b.finish_s)]:
+        np.testing.assert_array_equal(x, y)
+    assert (a.admit_s[1:] >= 0.2).all()
+    assert fast.calls < walked.calls / 4
+
+
+class HoldsWhileCrowded(Policy):
+    """Holds the oldest running request while another runs too, steady and with no timer: its
+    answer changes only when the other one completes, which ends the stretch."""
+
+    name = "holds_while_crowded"
+
+    def schedule(self, view):
+        if len(view.running) >= 2:
+            return Decision(hold=frozenset([min(view.running)]), steady=True)
+        return Decision(admit=list(view.waiting))
+
+
+class OneAtATime(Policy):
+    """Admits the first waiting request when nothing runs; while one runs, it admits nothing, steady
+    with no timer: the answer changes when that one completes (in a pure-decode stretch)."""
+
+    name = "one_at_a_time"
+
+    def schedule(self, view):
+        if view.running:
+            return Decision(steady=True)
+        return Decision(admit=list(view.waiting[:1]))
+
+
+@pytest.mark.parametrize("model", MODELS, ids=lambda m: m.name)
+@pytest.mark.parametrize("policy", [HoldsWhileCrowded, OneAtATime], ids=lambda p: p.name)
+def test_a_completion_ends_a_steady_stretch(model, policy):
+    w = make_window("w", "test", [0.0, 0.0, 0.001], [10, 600, 20], [30, 40, 10], [30, 40, 10])
+    r = sim.simulate(w, policy(), model, verify=True)
+    assert r.completed.all()
 
 
 def test_a_steady_decision_may_not_preempt():
