@@ -11,6 +11,7 @@ done, and it is the same on every run.
     python benchmarks/bench_instructions.py --base HEAD                    # 12 windows' 936 cells
     python benchmarks/bench_instructions.py --base HEAD --policies slai_faithful fifo
     python benchmarks/bench_instructions.py --base HEAD --calibration      # 12 windows' λ_ref
+    python benchmarks/bench_instructions.py --base HEAD --engine-model vllm_v1 --policies slai_faithful
 
 Needs ``valgrind`` on the PATH. A run takes a few minutes (callgrind runs Python ~50× slower); the
 two trees run side by side, one per core.
@@ -33,29 +34,31 @@ WORKLOAD = r"""
 import sys
 import pandas as pd
 from portbench import store, sim
-from portbench.campaign import CampaignConfig, calibrate
+from portbench.campaign import CampaignConfig, calibrate, engine_model
 from portbench.policies import make_policy
 from portbench.regions import REGIONS
 from portbench.workload import scale
-mode, lambda_csv, policies = sys.argv[1], sys.argv[2], sys.argv[3:]
+mode, engine, lambda_csv, policies = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 windows = store.load_windows()[::10]
+model = engine_model(engine)
 if mode == "calibration":
     for w in windows:
-        calibrate(w, CampaignConfig())
+        calibrate(w, CampaignConfig(engine_model=engine))
 elif mode == "cells":
     lam = pd.read_csv(lambda_csv).set_index("window_id")["lambda_ref"]
     for w in windows:
         for f in REGIONS.values():
             scaled = scale(w, f * float(lam[w.window_id]))
             for p in policies:
-                sim.simulate(scaled, make_policy(p))
+                sim.simulate(scaled, make_policy(p), model)
 """
 
 
-def instructions(tree: Path, mode: str, policies: list[str], script: Path, out: Path) -> subprocess.Popen:
+def instructions(tree: Path, mode: str, engine: str, policies: list[str], script: Path,
+                 out: Path) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(tree))
     cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, str(script),
-           mode, str(ROOT / "data" / "results" / "lambda_ref_lssp.csv"), *policies]
+           mode, engine, str(ROOT / "data" / "results" / f"lambda_ref_{engine}.csv"), *policies]
     return subprocess.Popen(cmd, env=env, cwd=tree, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True)
 
@@ -74,6 +77,8 @@ def main():
     ap.add_argument("--policies", nargs="+", default=None,
                     help="policies whose cells to run (default: the study's 13)")
     ap.add_argument("--calibration", action="store_true", help="the λ_ref calibration alone")
+    ap.add_argument("--engine-model", default="lssp", choices=["lssp", "vllm_v1"],
+                    help="the engine model of the workload (its committed λ_ref for the cells)")
     args = ap.parse_args()
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed: this benchmark counts instructions with callgrind")
@@ -93,7 +98,8 @@ def main():
         try:
             counts = {}
             for label, m in (("overhead", "none"), ("workload", mode)):
-                procs = {tree: instructions(path, m, policies, script, tmp / f"cg.{tree}.{m}")
+                procs = {tree: instructions(path, m, args.engine_model, policies, script,
+                                            tmp / f"cg.{tree}.{m}")
                          for tree, path in (("this tree", ROOT), (args.base, base))}
                 for tree, proc in procs.items():
                     counts[tree, label] = refs(proc)
@@ -102,7 +108,8 @@ def main():
 
     what = ("their λ_ref calibration" if mode == "calibration" else
             f"their cells of {len(policies)} policies at the committed λ_ref")
-    print(f"workload: 12 windows (every 10th), {what}, lssp engine; instructions net of start-up")
+    print(f"workload: 12 windows (every 10th), {what}, {args.engine_model} engine; instructions net "
+          f"of start-up")
     net = {}
     for tree in (args.base, "this tree"):
         net[tree] = counts[tree, "workload"] - counts[tree, "overhead"]
