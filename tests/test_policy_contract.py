@@ -1,5 +1,8 @@
 """The policy interface's contract: the engine enforces it, check_policy finds what breaks it."""
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -270,3 +273,15 @@ def test_the_drain_bound_is_in_seconds_on_both_engines():
         r = sim.simulate(w, make_policy("fifo"), model, verify=True)
         assert not r.completed.any()
         assert r.duration_s < 0.5 <= r.duration_s + model.longest_quiet_step_s
+
+
+def test_the_policy_registry_does_not_load_llvmlite():
+    # The real-engine backends import the registry inside a vLLM process, whose CPU platform scans
+    # every loaded module at start-up and fails on llvmlite's objects: numba (and llvmlite with it)
+    # is imported only when a policy or engine that compiles a loop actually runs.
+    code = ("import sys\n"
+            "from portbench.policies import available, make_policy\n"
+            "[make_policy(p) for p in available()]\n"
+            "import portbench.realengine.vllm_backend, portbench.realengine.transformers_backend\n"
+            "assert 'llvmlite' not in sys.modules, sorted(m for m in sys.modules if 'llvm' in m)\n")
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import heapq
 
-import numba
 import numpy as np
 
 from ..sim import NEVER, Decision, Policy
@@ -113,6 +112,7 @@ class FastServeMlfq(Policy):
         self._tie = arrival_rank(view)
         # waiting levels change only by promotion; the queue's tally is kept as it changes
         self._waiting = WaitingOrder(on_change=self._queue_changed)
+        self._demote_and_cross = _compiled()
         self._queued: set = set()                             # the waiting requests
         self._per_level = np.zeros(top, dtype=np.int64)      # waiting requests per evict_level
         self._counted = np.zeros(n, dtype=np.int64)          # the evict_level each was counted at
@@ -182,13 +182,27 @@ class FastServeMlfq(Policy):
         # Demotions of the running requests (the waiting ones' levels and the queue's tally above do
         # not depend on them), and the timer: one compiled pass.
         r = np.fromiter(running, dtype=np.int64, count=len(running))
-        wake = _demote_and_cross(r, dec, level, evict_level, anchor, to_level, self._per_level,
-                                 len(view.waiting) > 0)
+        wake = self._demote_and_cross(r, dec, level, evict_level, anchor, to_level, self._per_level,
+                                      len(view.waiting) > 0)
         admit, preempt = admit_by_key(view, key, evict_key, decoded=dec, cache=self._waiting)
         return Decision(admit=admit, preempt=preempt, wake_after_steps=wake)
 
 
-@numba.njit(cache=True)
+_COMPILED = None
+
+
+def _compiled():
+    """:func:`_demote_and_cross` compiled with numba, on first use: numba (and llvmlite) are imported
+    only by runs of this policy, not by importing the policy registry — a vLLM process (the real-
+    engine backend imports the registry) must not load llvmlite, whose objects vLLM's CPU platform
+    trips over when it scans every loaded module at start-up."""
+    global _COMPILED
+    if _COMPILED is None:
+        import numba
+        _COMPILED = numba.njit(cache=True)(_demote_and_cross)
+    return _COMPILED
+
+
 def _demote_and_cross(r, dec, level, evict_level, anchor, to_level, per_level, want_wake):
     """Catch the running requests ``r`` up on their demotions (in place), then, when ``want_wake``,
     the fewest tokens a running request must generate to drop below the level a waiting request
