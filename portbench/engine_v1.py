@@ -55,6 +55,7 @@ PS = 10 ** 12          # picoseconds per second
 _TIMER_MARGIN_PS = 10 ** 6      # a clock timer fires up to a microsecond early (float round-off)
 _MAX_STRETCH = 1 << 40          # no other bound on a stretch's length than its events
 _NO_DECISION = Decision()
+_NO_HOLD = np.zeros(0, dtype=np.int64)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,14 +167,21 @@ INP, OUT, COMPUTED, TARGET, BLOCKS, DECODED, FIRST, FINISH = range(8)
 
 
 @numba.njit(cache=True)
-def _schedule_running(run, held, st, sched, budget, free, bs):
+def _schedule_running(run, hold, held, st, sched, budget, free, bs):
     """vLLM's running phase: each running request in order gets ``min(left, budget)`` tokens and the
     blocks for them; one that cannot get its blocks preempts from the end of ``run`` (recompute: its
     blocks are freed, its KV dropped, its target reset), and one that would preempt itself stops it.
+    The requests in ``hold`` are passed over (``held``, all False, is the scratch table for that);
+    an id in ``hold`` outside the table returns -1 requests walked, and nothing is done.
 
     Writes (request, new tokens) rows into ``sched``. Returns (requests walked, running requests left
     after preemption, rows written, budget, free blocks, prefill tokens, decodes, context tokens, KV
     tokens dropped)."""
+    for i in hold:
+        if i < 0 or i >= held.shape[0]:
+            return -1, 0, 0, 0, 0, 0, 0, 0, 0
+    for i in hold:
+        held[i] = True
     n_run = run.shape[0]
     k = m = prefill = decodes = context = dropped = 0
     while k < n_run and budget > 0:
@@ -211,6 +219,8 @@ def _schedule_running(run, held, st, sched, budget, free, bs):
         context += c
         budget -= n_new
         k += 1
+    for i in hold:
+        held[i] = False
     return k, n_run, m, budget, free, prefill, decodes, context, dropped
 
 
@@ -322,6 +332,7 @@ class _V1Engine:
         self._wait_heap: list[tuple[int, int]] = []   # (target, request) of waiting ones, and stale rows
         self._admission_only = getattr(policy, "admission_only", False)
         self._held = np.zeros(n, dtype=np.bool_)
+        self._hold_of, self._hold_arr = None, _NO_HOLD    # the last hold set, as an array
         self.refused: tuple = ()            # (request, reason) where the last decision's admissions stopped
         self._decision = _NO_DECISION       # the decision of the last executed step
         self._drain_end_ps = None           # no step starts at or after it (set at the last arrival)
@@ -454,13 +465,14 @@ class _V1Engine:
             preempted = True
         # running requests first
         run = np.array(running, dtype=np.int64)
-        held = self._held
-        if hold:
-            held[list(hold)] = True
-        k, n_left, n_sched, budget, self.free_blocks, prefill, decodes, context, dropped = \
-            _schedule_running(run, held, st, self._sched, m.max_num_batched_tokens, self.free_blocks, bs)
-        if hold:
-            held[list(hold)] = False
+        k, n_left, n_sched, budget, free, prefill, decodes, context, dropped = \
+            _schedule_running(run, self._hold_array(hold), self._held, st, self._sched,
+                              m.max_num_batched_tokens, self.free_blocks, bs)
+        if k < 0:
+            bad = next(i for i in sorted(hold) if not 0 <= i < self.n)
+            raise PolicyContractError(f"policy {self.policy.name!r} held request {bad} at step "
+                                      f"{self.step}, which is not in the window")
+        self.free_blocks = free
         if n_left < len(run):                     # the engine preempted from the end
             self._kv -= dropped
             for v in run[n_left:][::-1].tolist():
@@ -541,6 +553,15 @@ class _V1Engine:
         if prefill or admitted or preempted or n_fin or hold or not all_ran:
             return False, False
         return not refused_for_room, False
+
+    def _hold_array(self, hold) -> np.ndarray:
+        """``hold`` as an array of ids, kept for the next step while the policy (or a repeated steady
+        decision) returns the same frozenset (a mutable set may have changed in between)."""
+        if not hold:
+            return _NO_HOLD
+        if hold is not self._hold_of or type(hold) is not frozenset:
+            self._hold_of, self._hold_arr = hold, np.fromiter(hold, dtype=np.int64, count=len(hold))
+        return self._hold_arr
 
     def _span_ps(self, k: int, D: int, C0: int) -> int:
         """Sum of the next ``k`` pure-decode step times (context grows by D a step)."""

@@ -248,6 +248,55 @@ def test_admitting_a_request_that_is_not_waiting_is_an_error(model):
         sim.simulate(w, AdmitsTwice(), model)
 
 
+def test_holding_a_request_outside_the_window_is_an_error():
+    class HoldsAStranger(Policy):
+        name = "holds_a_stranger"
+
+        def schedule(self, view):
+            return Decision(admit=list(view.waiting), hold=frozenset([7]) if view.running else frozenset())
+
+    w = make_window("w", "test", [0.0, 0.001], [10, 10], [5, 5], [5, 5])
+    with pytest.raises(PolicyContractError, match="held request 7 at step \\d+, which is not in the window"):
+        sim.simulate(w, HoldsAStranger(), VllmV1Model(drain_s=2.0))
+
+
+class HoldsInOneSet(Policy):
+    """Holds, through one set object it changes in place, every running request but the newest,
+    on odd calls, and nobody on even ones: an engine must read the set anew at each step."""
+
+    name = "holds_in_one_set"
+
+    def reset(self, view):
+        self.calls, self.held = 0, set()
+
+    def schedule(self, view):
+        self.calls += 1
+        self.held.clear()
+        if self.calls % 2:
+            self.held.update(view.running[:-1])
+        return Decision(admit=list(view.waiting), hold=self.held, wake_after_steps=1)
+
+
+class HoldsInNewSets(HoldsInOneSet):
+    name = "holds_in_new_sets"
+
+    def schedule(self, view):
+        d = super().schedule(view)
+        return Decision(admit=d.admit, hold=frozenset(d.hold), wake_after_steps=1)
+
+
+@pytest.mark.parametrize("model", MODELS, ids=lambda m: m.name)
+def test_a_hold_set_changed_in_place_is_read_anew(model):
+    w = make_window("w", "test", [0.0, 0.001, 0.002, 0.003], [10, 20, 30, 40], [9, 7, 5, 3], [9, 7, 5, 3])
+    one = sim.simulate(w, HoldsInOneSet(), model, verify=True)
+    new = sim.simulate(w, HoldsInNewSets(), model)
+    never = sim.simulate(w, make_policy("fifo"), model)
+    assert one.completed.all()
+    np.testing.assert_array_equal(one.finish_s, new.finish_s)
+    np.testing.assert_array_equal(one.first_token_s, new.first_token_s)
+    assert not np.array_equal(one.finish_s, never.finish_s)         # the holds took effect
+
+
 @pytest.mark.parametrize("model", MODELS, ids=lambda m: m.name)
 def test_refusals_are_reported_to_the_policy(model):
     seen = []

@@ -32,7 +32,7 @@ from ._common import fits
 class Admission(NamedTuple):
     admit: list                 # admitted request ids, in walk order
     used: int                   # the step's budget used, admissions included
-    closed: str | None          # what closed the walk: "blocks", "seqs", "budget"; None if it ran out
+    closed: str | None          # what closed the walk: "blocks", "seqs", "budget", "limits"; None if it ran out
 
 
 class PagedPolicy(Policy):
@@ -66,6 +66,10 @@ class PagedPolicy(Policy):
         """Drop the per-request state of ``r`` besides its blocks (freed by the caller)."""
         del self._rem[r]
 
+    def _running_set(self, view) -> set:
+        """``view.running`` as a set (a policy that builds one anyway may share it; never changed)."""
+        return set(view.running)
+
     def _booked(self, view, r: int) -> int:
         """The tokens an adopted running request holds in the block manager."""
         return self._inp[r] + int(view.decoded[r])
@@ -74,7 +78,7 @@ class PagedPolicy(Policy):
         """Reconcile completions, replay the steps the engine skipped, adopt untracked requests."""
         bm, rem = self._bm, self._rem
         running = view.running
-        changed = rem.keys() ^ set(running)         # left the engine, or running untracked
+        changed = rem.keys() ^ self._running_set(view)      # left the engine, or running untracked
         gone = changed & rem.keys()
         for r in gone:                              # left (the order does not matter)
             bm.free(r)
@@ -149,7 +153,8 @@ class PagedPolicy(Policy):
         admit.append(i)
 
     def _admit(self, view, queue, *, budget: int, used: int, seqs: int, chunked: bool,
-               extra_tokens: int = 0, skip=(), oversize_chunked: bool = False) -> Admission:
+               extra_tokens: int = 0, skip=(), oversize_chunked: bool = False,
+               by_prompt: bool = False) -> Admission:
         """Walk ``queue`` in order from ``used`` budget tokens and ``seqs`` sequences already taken.
 
         For each request (prompt ``p``) not in ``skip`` (this step's victims), in this order:
@@ -163,6 +168,10 @@ class PagedPolicy(Policy):
         * skip it if it fails the engine's hard limits (this step's victims still count there,
           as in the study);
         * else book ``p + extra_tokens`` tokens, leave ``p - chunk`` to prefill and count it.
+
+        ``by_prompt``: the queue is in order of prompt length (shortest first). The first request
+        that fails the engine's hard limits then ends the walk ("limits"): every later one, with a
+        prompt at least as long, fails them too and can only be skipped or close it on blocks.
         """
         bm, inp = self._bm, self._inp
         active, kv = view.n_active, view.kv_used
@@ -188,6 +197,8 @@ class PagedPolicy(Policy):
             if closed:
                 return Admission(admit, used, "budget")
             if not fits(view, active, kv, p):
+                if by_prompt:
+                    return Admission(admit, used, "limits")
                 continue
             self._book(admit, i, p, chunk, chunked, extra_tokens)
             used += chunk
@@ -197,11 +208,11 @@ class PagedPolicy(Policy):
         if len(head) < len(queue):
             return self._admit_long(view, queue[len(head):], admit, budget=budget, used=used, seqs=seqs,
                                     active=active, kv=kv, chunked=chunked, extra_tokens=extra_tokens,
-                                    skip=skip, oversize_chunked=oversize_chunked)
+                                    skip=skip, oversize_chunked=oversize_chunked, by_prompt=by_prompt)
         return Admission(admit, used, None)
 
     def _admit_long(self, view, queue, admit, *, budget, used, seqs, active, kv, chunked, extra_tokens,
-                    skip, oversize_chunked) -> Admission:
+                    skip, oversize_chunked, by_prompt=False) -> Admission:
         """:meth:`_admit`'s walk over the rest of a long queue, from the state it has reached (``admit``
         so far, ``used``, ``seqs``, ``active``, ``kv``), in numpy: between two admissions the state is fixed, so
         the next event — the first request that closes the walk or fits the engine's limits — is
@@ -221,7 +232,7 @@ class PagedPolicy(Policy):
             close_seqs = seqs + 1 > self._max_seqs
             close_budget = np.where(w, used + p > budget, budget - used <= 0)
             fit = (active + 1 <= m.max_sequences) & (kv + p <= m.max_kv_tokens)
-            event = np.flatnonzero(close_blocks | close_seqs | close_budget | fit)
+            event = np.flatnonzero(close_blocks | close_seqs | close_budget | (fit | by_prompt))
             if not len(event):
                 break
             j = int(event[0])
@@ -231,6 +242,8 @@ class PagedPolicy(Policy):
                 return Admission(admit, used, "seqs")
             if close_budget[j]:
                 return Admission(admit, used, "budget")
+            if not fit[j]:                      # by_prompt: the first misfit ends the walk
+                return Admission(admit, used, "limits")
             i, pi = int(q[pos + j]), int(p[j])
             chunk = pi if w[j] else min(pi, budget - used)
             self._book(admit, i, pi, chunk, chunked, extra_tokens)

@@ -47,7 +47,7 @@ import numpy as np
 
 from ..sim import NEVER, Decision, Policy
 from . import register
-from .vllm_priority import WaitingOrder, admit_by_key, arrival_rank, ranked_key
+from .vllm_priority import WaitingOrder, admit_by_key, arrival_rank
 
 
 #: Levels tracked when ``num_levels`` is None (quanta past 2**60 tokens are never used up).
@@ -106,10 +106,14 @@ class FastServeMlfq(Policy):
         prompts = view.input_tokens.tolist()
         self.level = np.array([min(self.join_level(p), top - 1) for p in prompts], dtype=np.int64)
         self.evict_level = self.level.copy()     # = level, but kept through a starvation promotion
+        # the queue's keys (ranked_key's, kept per request as the levels change): level, running
+        # before waiting, arrival; a waiting request evicts from its evict_level
+        self._tie = arrival_rank(view)
+        self._lkey = self.level * (2 * n) + self._tie        # without the waiting offset (+ n)
+        self._ekey = self.evict_level * (2 * n) + self._tie + n
         self.anchor = np.zeros(n, dtype=np.int64)            # decoded when the current level began
         self.last_served_s = np.array(view.arrival_s, dtype=np.float64)
         self._prev_running: set = set()        # the running requests at the last call
-        self._tie = arrival_rank(view)
         # waiting levels change only by promotion; the queue's tally is kept as it changes
         self._waiting = WaitingOrder(on_change=self._queue_changed)
         self._demote_and_cross = _compiled()
@@ -160,11 +164,12 @@ class FastServeMlfq(Policy):
                 last_served[i] = now
                 heapq.heappush(since_heap, (now, i))
         self._prev_running = now_running
-        tie = self._tie
-        key = lambda ids, nw: ranked_key(level[ids], ids, nw, tie)    # noqa: E731
-        # (level, running before waiting, arrival): a request evicts only from lower levels
-        # a request promoted for starvation evicts only from the level it had before
-        evict_key = lambda ids: ranked_key(evict_level[ids], ids, len(ids), tie)   # noqa: E731
+        lkey, ekey, n = self._lkey, self._ekey, view.n_requests
+        # ranked_key(level[ids], ids, nw, tie) and ranked_key(evict_level[ids], ids, len(ids), tie):
+        # (level, running before waiting, arrival); a request evicts only from lower levels, and one
+        # promoted for starvation only from the level it had before
+        key = lambda ids, nw: _waiting_first(lkey[ids], nw, n)    # noqa: E731
+        evict_key = ekey.__getitem__
         self._waiting.get(view, key, evict_key)
         # starvation: waiting requests below level 0 not served for starvation_s, found from the
         # oldest "last served" on (entries of requests since served again or gone are stale)
@@ -178,14 +183,21 @@ class FastServeMlfq(Policy):
         if starving:
             starving = np.array(starving, dtype=np.int64)
             anchor[starving] = dec[starving]
+            lkey[starving] = self._tie[starving]                 # level 0
             self._waiting.rekey(starving, key, evict_key)
         # Demotions of the running requests (the waiting ones' levels and the queue's tally above do
         # not depend on them), and the timer: one compiled pass.
         r = np.fromiter(running, dtype=np.int64, count=len(running))
         wake = self._demote_and_cross(r, dec, level, evict_level, anchor, to_level, self._per_level,
-                                      len(view.waiting) > 0)
+                                      len(view.waiting) > 0, lkey, ekey, n)
         admit, preempt = admit_by_key(view, key, evict_key, decoded=dec, cache=self._waiting)
         return Decision(admit=admit, preempt=preempt, wake_after_steps=wake)
+
+
+def _waiting_first(keys, n_waiting: int, n: int):
+    """``keys`` with the waiting requests' offset (the first ``n_waiting``): running first."""
+    keys[:n_waiting] += n
+    return keys
 
 
 _COMPILED = None
@@ -203,8 +215,10 @@ def _compiled():
     return _COMPILED
 
 
-def _demote_and_cross(r, dec, level, evict_level, anchor, to_level, per_level, want_wake):
-    """Catch the running requests ``r`` up on their demotions (in place), then, when ``want_wake``,
+def _demote_and_cross(r, dec, level, evict_level, anchor, to_level, per_level, want_wake, lkey, ekey,
+                      n):
+    """Catch the running requests ``r`` up on their demotions (in place, and their keys ``lkey``,
+    ``ekey`` with them: see ``FastServeMlfq.reset``; ``n`` requests), then, when ``want_wake``,
     the fewest tokens a running request must generate to drop below the level a waiting request
     evicts from, where it is not yet (then it becomes evictable by that request); NEVER if none.
 
@@ -226,6 +240,8 @@ def _demote_and_cross(r, dec, level, evict_level, anchor, to_level, per_level, w
                 hi = mid
         new = lo - 1
         anchor[i] += np.int64(to_level[new] - base)
+        lkey[i] += (new - level[i]) * (2 * n)
+        ekey[i] = lkey[i] + n
         level[i] = new
         evict_level[i] = new
     if not want_wake or r.shape[0] == 0:

@@ -101,6 +101,9 @@ class SlaiFaithful(PagedPolicy):
         super()._forget(r)
         self._lst.pop(r, None)
 
+    def _running_set(self, view):
+        return self._waiting.running_now(view)      # built once per call, shared with the queue
+
     def _booked(self, view, r):
         return self._inp[r]                 # the block manager holds prompts only: no decode slots
 
@@ -139,16 +142,18 @@ class SlaiFaithful(PagedPolicy):
             return self._steady_decision(view)
         return None
 
-    def _steady_decision(self, view):
+    def _steady_decision(self, view, admit=None):
         """The decision of a step after which the next ones repeat it (see :meth:`_repeat`): they
         repeat while the prefill has a whole budget left (the one that finishes it included) and
         until the first held decoder turns critical, so the engine may skip them, holding the same
-        decoders; the skipped chunks are taken off at the next call."""
+        decoders; the skipped chunks are taken off at the next call. ``admit``: this step's
+        admissions (the prefill's own, when it was admitted now)."""
         _, prefill, hold, first_lst = self._steady
         if self._never_skip:
-            return Decision(hold=hold, wake_after_steps=1)
+            return Decision(admit=admit or [], hold=hold, wake_after_steps=1)
         wake = self._let_skip(view, [], (prefill, self.rule.token_budget))
-        return Decision(hold=hold, wake_after_steps=wake, wake_at_s=first_lst, steady=True)
+        return Decision(admit=admit or [], hold=hold, wake_after_steps=wake, wake_at_s=first_lst,
+                        steady=True)
 
     def schedule(self, view):
         if self._steady is not None:
@@ -163,8 +168,11 @@ class SlaiFaithful(PagedPolicy):
         budget, limit = rule.token_budget, rule.decode_limit
         fresh = rule.last_schedule_time(now, view.kv_used / self._max_kv)
         running = view.running
-        prefilling = [r for r in running if rem[r]]
-        decoding = [r for r in running if not rem[r]] if prefilling else list(running)
+        if any(rem.values()):                       # (after _sync, rem's keys are the running ones)
+            prefilling = [r for r in running if rem[r]]
+            decoding = [r for r in running if not rem[r]]
+        else:
+            prefilling, decoding = [], list(running)
         if len(lst) != len(decoding):               # a decoder keeps its LST until it leaves
             for r in decoding:
                 if r not in lst:
@@ -181,7 +189,8 @@ class SlaiFaithful(PagedPolicy):
         rank = self._prompt_rank_array
         waiting = self._waiting.get(view, lambda ids, _: rank[ids])
         admit, used, closed = self._admit(view, waiting.ids, budget=budget, used=used,
-                                          seqs=len(decoding) + len(prefilling), chunked=True)
+                                          seqs=len(decoding) + len(prefilling), chunked=True,
+                                          by_prompt=True)
         waiting.yielded = admit
         # non-critical decodes get only the leftover, one token each, earliest LST first
         extra = max(0, min(budget - used, limit - len(served), len(non_critical)))
@@ -196,7 +205,7 @@ class SlaiFaithful(PagedPolicy):
             # Nothing was served and nothing prefilled: the one admission took the whole budget and
             # has at least as much left, so from the next step it is the prefill above.
             self._steady = (None, admit[0], hold, lst[decoding[0]] if decoding else math.inf)
-            return dataclasses.replace(self._steady_decision(view), admit=admit)
+            return self._steady_decision(view, admit)
         if (admit or hold or critical or closed == "budget" or self._never_skip or (prefilling and (
                 any(rem[r] for r in prefilling) or len(running) > min(limit, budget)))):
             wake = 1
