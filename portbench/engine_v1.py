@@ -355,6 +355,10 @@ class _V1Engine:
     def now(self) -> float:
         return self.t_ps / PS
 
+    def clock(self) -> tuple[float, float]:
+        """(now, the last executed step's start), in seconds, as the view shows them."""
+        return self.t_ps / PS, self.last_step_start_ps / PS
+
     def _enqueue(self, i: int, front: bool = False) -> None:
         if front:
             self.waiting.insert(0, i)
@@ -399,7 +403,7 @@ class _V1Engine:
     def run(self, event_skipping: bool = True) -> None:
         n, m = self.n, self.model
         order = np.argsort(np.array(self.arrival_ps, dtype=np.int64), kind="stable").tolist()
-        view = _V1View(self)
+        view = EngineView(self)
         self.policy.reset(view.refresh())
         if n == 0:
             return
@@ -649,14 +653,3 @@ class _V1Engine:
                          admit_s=stamp(self.admit_ps), first_token_s=stamp(self.st[:, FIRST]),
                          finish_s=stamp(self.st[:, FINISH]), duration_s=self.last_step_start_ps / PS,
                          n_steps=self.step, n_preemptions=self.n_preemptions)
-
-
-class _V1View(EngineView):
-    """The policies' view, with the engine's own clock (steps are not of fixed length here)."""
-
-    def refresh(self):
-        super().refresh()
-        self.now = self._engine.now
-        self.prev_step_start_s = self._engine.last_step_start_ps / PS
-        self.prev_kv_used = self._engine.prev_kv_used
-        return self

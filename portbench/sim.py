@@ -153,9 +153,8 @@ class EngineView:
     def refresh(self):
         e = self._engine
         self.step = e.step
-        self.now = e.step * e.model.step_s
-        self.prev_step_start_s = (e.step - 1) * e.model.step_s   # the step before (run or skipped)
-        self.prev_kv_used = e.prev_kv_used                        # KV in use when it started
+        self.now, self.prev_step_start_s = e.clock()      # and the step before (run or skipped)
+        self.prev_kv_used = e.prev_kv_used                # KV in use when it started
         if e.waiting_version != self._waiting_seen:     # the same tuple while the queue is unchanged
             self.waiting = tuple(e.waiting)
             self._waiting_seen = e.waiting_version
@@ -295,6 +294,11 @@ class _Engine:
 
     def kv_used(self) -> int:
         return self._kv_running
+
+    def clock(self) -> tuple[float, float]:
+        """(the step's start, the previous step's start), in seconds: steps of fixed length."""
+        step_s = self.model.step_s
+        return self.step * step_s, (self.step - 1) * step_s
 
     def decoded_of(self, ids) -> list:
         tick, base, decoded = self._tick, self._base, self.decoded
