@@ -44,7 +44,7 @@ import dataclasses
 import functools
 import heapq
 import math
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 import numba
 import numpy as np
@@ -56,6 +56,15 @@ _TIMER_MARGIN_PS = 10 ** 6      # a clock timer fires up to a microsecond early 
 _MAX_STRETCH = 1 << 40          # no other bound on a stretch's length than its events
 _NO_DECISION = Decision()
 _NO_HOLD = np.zeros(0, dtype=np.int64)
+
+
+class _Repeat(NamedTuple):
+    """A steady decision the engine repeats: the decision, the step at which its policy asked to be
+    asked again, and the time its clock timer fires (picoseconds, less the margin for round-off)."""
+
+    decision: Decision
+    until_step: float
+    until_ps: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -411,9 +420,7 @@ class _V1Engine:
         self.t_ps = self.arrival_ps[order[0]]
         # An admission-only policy is asked only when some waiting request could be admitted.
         lazy = event_skipping and self._admission_only
-        # A steady decision is repeated without asking the policy while it holds: (the decision,
-        # the step at which its policy asked to be asked again, the time its clock timer fires, less
-        # the margin for round-off).
+        # A steady decision is repeated without asking the policy while it holds (see _Repeat).
         steady = None
         while True:
             while nxt < n and self.arrival_ps[order[nxt]] <= self.t_ps:
@@ -430,17 +437,17 @@ class _V1Engine:
                 break                                         # the drain bound: no step starts now
             if self.step_starts_ps is not None:
                 self.step_starts_ps.append(self.t_ps)
-            if steady is not None and self.step < steady[1] and self.t_ps < steady[2]:
+            if steady is not None and self.step < steady.until_step and self.t_ps < steady.until_ps:
                 # the policy's answer is known: the same holds, nothing admitted (and its timers)
-                d = Decision(hold=steady[0].hold, wake_at_s=steady[0].wake_at_s,
-                             wake_after_steps=steady[1] - self.step)
+                d = Decision(hold=steady.decision.hold, wake_at_s=steady.decision.wake_at_s,
+                             wake_after_steps=steady.until_step - self.step)
             else:
                 steady = None
                 d = None if lazy else check_decision(self.policy, self.policy.schedule(view.refresh()))
                 if event_skipping and d is not None and d.steady:
-                    steady = (d, self.step + d.wake_after_steps,
-                              math.ceil(d.wake_at_s * PS) - _TIMER_MARGIN_PS if d.wake_at_s < NEVER
-                              else NEVER)
+                    steady = _Repeat(d, self.step + d.wake_after_steps,
+                                     math.ceil(d.wake_at_s * PS) - _TIMER_MARGIN_PS
+                                     if d.wake_at_s < NEVER else NEVER)
             quiet, blocked = self._execute_step(d, view)
             if event_skipping and quiet:
                 k = self._quiet_steps(view, order, nxt, blocked)

@@ -158,11 +158,10 @@ class FastServeMlfq(Policy):
         starvation = self.starvation_s
         since_heap, last_served = self._since, self.last_served_s
         now_running = self._waiting.running_now(view)
-        if self._prev_running:
-            for i in self._prev_running - now_running:
-                anchor[i] = dec[i]
-                last_served[i] = now
-                heapq.heappush(since_heap, (now, i))
+        for i in self._prev_running - now_running:
+            anchor[i] = dec[i]
+            last_served[i] = now
+            heapq.heappush(since_heap, (now, i))
         self._prev_running = now_running
         lkey, ekey, n = self._lkey, self._ekey, view.n_requests
         # ranked_key(level[ids], ids, nw, tie) and ranked_key(evict_level[ids], ids, len(ids), tie):

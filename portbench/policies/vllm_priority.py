@@ -82,8 +82,7 @@ class WaitingOrder:
 
     def __init__(self, on_change=None):
         self.clear()
-        self._running: tuple = ()
-        self._running_set = None         # set(self._running), when it was built
+        self._last_running = ((), None)  # view.running at the last get, and its set if one was built
         self._now_of, self._now = None, set()           # see running_now
         self.yielded: list = []          # admissions proposed at the last call (as consumed)
         self.evicted: list = []          # evictions decided at the last call
@@ -111,8 +110,7 @@ class WaitingOrder:
                 if self.on_change is not None:
                     self.on_change(None, self.ids)
             self.waiting = t
-        self._running = view.running
-        self._running_set = self._now if self._now_of is view.running else None
+        self._last_running = (view.running, self._now if self._now_of is view.running else None)
         self.yielded, self.evicted = [], []
         return self
 
@@ -142,7 +140,8 @@ class WaitingOrder:
         now_running = self.running_now(view)
         refused = {i for i, _ in view.refused}      # proposed, refused: still waiting
         gone = [i for i in self.yielded if i in now_running or (i not in refused and i not in t)]
-        before = self._running_set if self._running_set is not None else set(self._running)
+        prev, prev_set = self._last_running
+        before = prev_set if prev_set is not None else set(prev)
         evicted = set(self.evicted)
         evicted.update(before - now_running)
         n_front = 0
