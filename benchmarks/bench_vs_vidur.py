@@ -9,6 +9,7 @@ model; the same run walked step by step must give identical results.
     python benchmarks/bench_vs_vidur.py [--scale 0.5] [--windows 100] [--no-reference]
     python benchmarks/bench_vs_vidur.py --table [--repeats 3]     # every registered policy, side by side
     python benchmarks/bench_vs_vidur.py --engine-share --policies slai_faithful las
+    python benchmarks/bench_vs_vidur.py --calls --policies slai_faithful fastserve_mlfq
 
 ``--table`` times every registered policy (or ``--policies``) in one process, ``--repeats`` times
 each, interleaved with FCFS, and prints the median, the spread (min–max) and the ratio to FCFS
@@ -18,10 +19,16 @@ measured in the same rounds — on a shared machine the ratio is the figure to t
 are recorded, then replayed by a policy that only returns them (the same steps, admissions and
 timers, so the engine does the same work); the replay's time is the engine's share, and what a
 policy with free decisions could reach at most on this trace.
+
+``--calls`` counts where a policy is asked: its calls, the engine's steps, and the calls made just
+after the engine refused an admission the policy proposed, with how many of those propose the same
+request first again and hold the same requests as the call before (a decision repeated as is).
 """
 
 import argparse
+import collections
 import dataclasses
+import itertools
 import time
 
 import numpy as np
@@ -59,11 +66,15 @@ def main():
     ap.add_argument("--repeats", type=int, default=3, help="with --table: rounds per policy")
     ap.add_argument("--engine-share", action="store_true",
                     help="time each policy's run against a replay of its decisions (the engine alone)")
+    ap.add_argument("--calls", action="store_true",
+                    help="count each policy's calls, and those that repeat a refused decision")
     args = ap.parse_args()
     if args.table:
         return table(args)
     if args.engine_share:
         return engine_share(args)
+    if args.calls:
+        return call_counts(args)
 
     trace = scale(long_trace(args.windows), args.scale)
     model = VllmV1Model()
@@ -187,6 +198,49 @@ def engine_share(args):
         run, eng = float(np.median(runs)), float(np.median(replays))
         print(f"{name:24s} {calls:7d} {run:6.2f} {eng:9.2f} {(run - eng) / calls * 1e6:15.0f} "
               f"{eng / calls * 1e6:15.0f} {n / eng:18,.0f}")
+
+
+class _CallCounter(sim.Policy):
+    """Runs ``policy`` and counts its calls, and those after a refused admission (see ``--calls``)."""
+
+    def __init__(self, policy):
+        self.policy, self.name = policy, policy.name
+        self.admission_only = policy.admission_only
+        self.counts = collections.Counter()
+
+    def reset(self, view):
+        self.policy.reset(view)
+        self.last = None                    # (first proposal, holds) of the last call
+
+    def schedule(self, view):
+        d = self.policy.schedule(view)
+        admit = iter(d.admit)               # peek at the first proposal without consuming the rest
+        first = next(admit, None)
+        c = self.counts
+        c["calls"] += 1
+        if view.refused:
+            c["after a refusal"] += 1
+            c[f"after a refusal ({view.refused[0][1]})"] += 1
+            if self.last is not None and first is not None and first == self.last[0]:
+                c["  proposing the same request first"] += 1
+            if self.last is not None and d.hold == self.last[1]:
+                c["  holding the same requests"] += 1
+                if first is not None and first == self.last[0]:
+                    c["  both"] += 1
+        self.last = (first, d.hold)
+        admit = admit if first is None else itertools.chain([first], admit)
+        return dataclasses.replace(d, admit=admit)
+
+
+def call_counts(args):
+    trace = scale(long_trace(args.windows), args.scale)
+    model = VllmV1Model()
+    for name in args.policies or ["fifo"]:
+        counter = _CallCounter(make_policy(name))
+        result = sim.simulate(trace, counter, model)
+        print(f"{name}: {result.n_steps:,} engine steps, {result.n_preemptions:,} preemptions")
+        for what, k in counter.counts.items():
+            print(f"  {what:40s} {k:9,d}")
 
 
 if __name__ == "__main__":
