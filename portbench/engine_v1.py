@@ -33,7 +33,11 @@ walked only as far as the engine admits. The per-request loops of a step and of 
 compiled with numba over one int64 table (a row per request); the policies still see plain Python.
 A ``steady`` decision (see :class:`~portbench.sim.Decision`) is repeated at the steps it covers
 without asking the policy; those steps are walked one by one all the same (their times depend on
-what runs), and a completion, a preemption or a refused admission ends the repetition.
+what runs), and a completion, a preemption or a refused admission ends the repetition. After a
+step in which the decision held every running request and the engine refused its admission (nothing
+ran, nothing was admitted or preempted: only the clock moved), a decision marked
+``repeat_if_refused`` is repeated over the next idle steps at once, up to the next arrival, its
+timers or the drain bound.
 ``tests/test_event_skipping.py`` checks all of it against the step-by-step walk, which runs the same
 step code but asks the policy at every step and jumps nowhere.
 """
@@ -344,6 +348,7 @@ class _V1Engine:
         self._hold_of, self._hold_arr = None, _NO_HOLD    # the last hold set, as an array
         self.refused: tuple = ()            # (request, reason) where the last decision's admissions stopped
         self._decision = _NO_DECISION       # the decision of the last executed step
+        self._idle = False                  # the last executed step was idle (see _execute_step)
         self._drain_end_ps = None           # no step starts at or after it (set at the last arrival)
         self.step_starts_ps = None          # a list when recording (the step-by-step check's diagnostics)
         # scratch rows for one step: at most max_active_sequences requests run in it
@@ -453,6 +458,10 @@ class _V1Engine:
                 k = self._quiet_steps(view, order, nxt, blocked)
                 if k > 0:
                     self._bulk_decode(k)
+            elif event_skipping and self._idle:
+                k = self._idle_steps(order, nxt)
+                if k > 0:
+                    self._skip_idle(k)
             if steady is not None and (self._running_changed or self.refused):
                 steady = None           # a completion, a preemption or a refused admission ends it
 
@@ -552,6 +561,10 @@ class _V1Engine:
         if n_fin:
             self._leave(n_fin)
         self._running_changed = preempted or n_fin > 0
+        # Idle: nothing ran, nothing was admitted (the first proposal refused) and nothing preempted;
+        # the next steps repeat this one, which changed nothing but the clock, as long as the policy
+        # would answer the same (its repeat_if_refused claim).
+        self._idle = d.repeat_if_refused and n_sched == 0 and bool(self.refused) and not preempted
         # Blocked: with an admission-only policy, after any step in which every running request is
         # left decoding and no waiting one can be admitted, the next steps are pure decodes until a
         # completion, block exhaustion or an arrival that could be admitted.
@@ -631,6 +644,26 @@ class _V1Engine:
         if self._drain_end_ps is not None:
             k = self._steps_starting_before(self._drain_end_ps, k, D, C0)
         return max(0, k)
+
+    def _idle_steps(self, order, nxt) -> int:
+        """How many next steps repeat an idle one (see ``_execute_step``): each lasts the fixed cost
+        and starts before the next arrival, the last decision's timers and the drain bound."""
+        d = self._decision
+        k = _MAX_STRETCH if d.wake_after_steps >= NEVER else int(d.wake_after_steps) - 1
+        if nxt < self.n:
+            k = self._steps_starting_before(self.arrival_ps[order[nxt]], k, 0, 0)
+        if d.wake_at_s < NEVER:
+            k = self._steps_starting_before(math.ceil(d.wake_at_s * PS) - _TIMER_MARGIN_PS, k, 0, 0)
+        if self._drain_end_ps is not None:
+            k = self._steps_starting_before(self._drain_end_ps, k, 0, 0)
+        return max(0, k)
+
+    def _skip_idle(self, k: int) -> None:
+        """Run ``k`` idle steps at once: the same holds, the same refusal, only the clock moves."""
+        self.last_step_start_ps = self.t_ps + self._span_ps(k - 1, 0, 0)
+        self.prev_kv_used = self._kv
+        self.t_ps += self._span_ps(k, 0, 0)
+        self.step += k
 
     def _bulk_decode(self, k: int) -> None:
         """Run ``k`` pure-decode steps at once; requests whose last token comes in the k-th leave."""

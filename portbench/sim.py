@@ -110,6 +110,15 @@ class Decision:
     the policy). Walking every step, the policy is asked at each as usual, so a false claim shows up
     in :func:`portbench.testing.check_policy`.
 
+    ``repeat_if_refused=True`` says that, should the engine refuse this decision's admissions, the
+    policy would answer the same at the next steps, up to its timer, as long as nothing arrives. It
+    is for a decision that holds every running request: in a step in which the engine then admits
+    nothing (its first proposal refused) and preempts nothing, nothing runs and the engine's state
+    changes only by the clock, so the engine may skip the steps that would repeat it, up to the next
+    arrival, the decision's timer or the drain bound (``vllm_v1`` does; ``lssp`` asks at each).
+    Walking every step, the policy is asked at each, so a false claim shows up in
+    :func:`portbench.testing.check_policy`.
+
     The policy's timer: the engine asks again, with nothing else happening, at the first step that
     starts at or after ``wake_at_s`` (seconds on the clock) or ``wake_after_steps`` steps after this
     one (``1``: the next step), whichever comes first. A clock timer may fire up to one step early
@@ -122,6 +131,7 @@ class Decision:
     wake_at_s: float = NEVER
     wake_after_steps: float = NEVER
     steady: bool = False
+    repeat_if_refused: bool = False
 
 
 NOTHING = Decision()
@@ -207,9 +217,11 @@ def check_decision(policy: Policy, d: Decision) -> Decision:
             f"policy {policy.name!r} declares admission_only but returned "
             f"{'preempt=' + str(list(d.preempt)) if d.preempt else 'hold=' + str(sorted(d.hold))}; "
             "drop the admission_only flag or only admit")
-    if d.steady and d.preempt:
-        raise PolicyContractError(f"policy {policy.name!r} returned a steady decision that preempts "
-                                  f"{list(d.preempt)}; a preemption always ends a skipped stretch")
+    if (d.steady or d.repeat_if_refused) and d.preempt:
+        raise PolicyContractError(f"policy {policy.name!r} returned a "
+                                  f"{'steady' if d.steady else 'repeat_if_refused'} decision that "
+                                  f"preempts {list(d.preempt)}; a preemption always ends a skipped "
+                                  "stretch")
     if not (d.wake_after_steps >= 1):
         raise PolicyContractError(f"policy {policy.name!r} returned wake_after_steps="
                                   f"{d.wake_after_steps!r}; it must be >= 1 (1 = the next step)")

@@ -88,8 +88,8 @@ def verified_run(window, policy: Policy, model, *, priority=None) -> RunResult:
             f"model: the fast engine and the step-by-step loop differ — {diff}. The policy's decision "
             "changed at a step it did not announce (a timer missing from wake_at_s/wake_after_steps), "
             "it returned steady=True where the next steps' answers differ (an arrival admitted, a "
-            "hold released), or it declares admission_only but keeps state or reads more than the "
-            "view.")
+            "hold released) or repeat_if_refused=True where its answer changes after a refusal, or "
+            "it declares admission_only but keeps state or reads more than the view.")
     return fast
 
 

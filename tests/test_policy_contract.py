@@ -248,6 +248,79 @@ def test_admitting_a_request_that_is_not_waiting_is_an_error(model):
         sim.simulate(w, AdmitsTwice(), model)
 
 
+class HoldsWhileRefused(Policy):
+    """Holds every running request until ``release_s`` and proposes the waiting ones meanwhile,
+    shortest prompt first: in a KV cache this small the engine refuses a long one (the held requests
+    keep their blocks), so the steps change nothing but the clock until the timer or an arrival (a
+    short one goes first, and fits) — which it claims with repeat_if_refused."""
+
+    name = "holds_while_refused"
+    release_s = 0.3
+    timer = True
+
+    def reset(self, view):
+        self.calls = 0
+
+    def schedule(self, view):
+        self.calls += 1
+        if view.running and view.now < self.release_s:
+            return Decision(admit=sorted(view.waiting, key=lambda i: (view.input_tokens[i], i)),
+                            hold=frozenset(view.running),
+                            wake_at_s=self.release_s if self.timer else sim.NEVER,
+                            repeat_if_refused=True)
+        return Decision(admit=list(view.waiting))
+
+
+class HoldsWhileRefusedWithoutTimer(HoldsWhileRefused):
+    name = "holds_while_refused_without_timer"
+    timer = False
+
+
+def test_vllm_v1_skips_the_steps_after_a_refusal_that_change_nothing():
+    # Request 0 (3 of the cache's 4 blocks) is held for 300 ms; request 1 (3 blocks) is proposed and
+    # refused at each of those steps: the engine skips them up to the arrival of request 2 (1 block,
+    # admitted at once) and then up to the timer, as walking them gives.
+    w = make_window("w", "test", [0.0, 0.004, 0.05], [40, 40, 10], [5, 5, 5], [5, 5, 5])
+    model = VllmV1Model(max_kv_tokens=64, drain_s=2.0)
+    fast, walked = HoldsWhileRefused(), HoldsWhileRefused()
+    a = sim.simulate(w, fast, model, verify=True)
+    b = sim.simulate(w, walked, model, event_skipping=False)
+    for x, y in [(a.admit_s, b.admit_s), (a.first_token_s, b.first_token_s), (a.finish_s, b.finish_s)]:
+        np.testing.assert_array_equal(x, y)
+    assert a.completed.all() and a.admit_s[1] >= 0.3 and 0.05 <= a.admit_s[2] < 0.06
+    assert fast.calls < walked.calls / 4
+    # without the timer the claim is false: the answer changes at 300 ms, unannounced
+    with pytest.raises(PolicyContractError, match="holds_while_refused_without_timer.*differ"):
+        sim.simulate(w, HoldsWhileRefusedWithoutTimer(), model, verify=True)
+
+
+def test_a_refusal_while_requests_run_is_not_skipped_over():
+    # The claim is made without holding anybody: the requests that run change the engine's state,
+    # so the engine does not skip after the refusal (and the result is the walk's).
+    class ClaimsWithoutHolding(HoldsWhileRefused):
+        name = "claims_without_holding"
+
+        def schedule(self, view):
+            d = super().schedule(view)
+            return Decision(admit=d.admit, wake_at_s=d.wake_at_s, repeat_if_refused=True)
+
+    w = make_window("w", "test", [0.0, 0.004, 0.05], [40, 40, 10], [20, 5, 5], [20, 5, 5])
+    r = sim.simulate(w, ClaimsWithoutHolding(), VllmV1Model(max_kv_tokens=64, drain_s=2.0), verify=True)
+    assert r.completed.all()
+
+
+def test_a_repeat_if_refused_decision_may_not_preempt():
+    class PreemptsOnRefusal(Policy):
+        name = "preempts_on_refusal"
+
+        def schedule(self, view):
+            return Decision(admit=list(view.waiting), preempt=list(view.running), repeat_if_refused=True)
+
+    w = make_window("w", "test", [0.0, 0.001], [10, 10], [5, 5], [5, 5])
+    with pytest.raises(PolicyContractError, match="repeat_if_refused decision that preempts"):
+        sim.simulate(w, PreemptsOnRefusal(), VllmV1Model(drain_s=2.0))
+
+
 def test_holding_a_request_outside_the_window_is_an_error():
     class HoldsAStranger(Policy):
         name = "holds_a_stranger"

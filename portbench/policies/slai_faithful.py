@@ -12,6 +12,10 @@ shadow: prefilling and new requests are never held and decode from their admissi
 While one prefill takes the whole budget and every decoder is held, the next steps repeat that
 decision up to the prefill's last whole chunk or until the first held decoder turns critical: the
 decision says so (``steady``, with those two timers) and the ``lssp`` engine skips those steps.
+A step that holds every decoder while one admission takes the budget says, too, that should the
+engine refuse that admission (the shadow books prompts only, the engine's KV blocks may be short),
+the next steps would repeat it until an arrival or the first held decoder turns critical
+(``repeat_if_refused``): ``vllm_v1`` skips those idle steps.
 """
 
 from __future__ import annotations
@@ -152,8 +156,18 @@ class SlaiFaithful(PagedPolicy):
         if self._never_skip:
             return Decision(admit=admit or [], hold=hold, wake_after_steps=1)
         wake = self._let_skip(view, [], (prefill, self.rule.token_budget))
+        # An admission here holds every running request (see _refused_repeats)
         return Decision(admit=admit or [], hold=hold, wake_after_steps=wake, wake_at_s=first_lst,
-                        steady=True)
+                        steady=True, repeat_if_refused=bool(admit))
+
+    def _refused_repeats(self, view, admit, hold, first_lst):
+        """The decision of a step that holds every running request (nothing prefills, no decoder is
+        served) and proposes admissions: should the engine refuse the first, nothing runs and nothing
+        changes but the clock, and the next calls would give this same answer until an arrival (a
+        shorter prompt would go first) or until the first held decoder turns critical. The skipped
+        steps then serve no decoder (the mark left by _let_skip tells the next _sync so)."""
+        self._let_skip(view, [])
+        return Decision(admit=admit, hold=hold, wake_at_s=first_lst, repeat_if_refused=True)
 
     def schedule(self, view):
         if self._steady is not None:
@@ -206,6 +220,8 @@ class SlaiFaithful(PagedPolicy):
             # has at least as much left, so from the next step it is the prefill above.
             self._steady = (None, admit[0], hold, lst[decoding[0]] if decoding else math.inf)
             return self._steady_decision(view, admit)
+        if admit and hold and not served and not prefilling and not self._never_skip:
+            return self._refused_repeats(view, admit, hold, lst[decoding[0]])
         if (admit or hold or critical or closed == "budget" or self._never_skip or (prefilling and (
                 any(rem[r] for r in prefilling) or len(running) > min(limit, budget)))):
             wake = 1
