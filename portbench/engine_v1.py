@@ -37,7 +37,7 @@ what runs), and a completion, a preemption or a refused admission ends the repet
 step in which the decision held every running request and the engine refused its admission (nothing
 ran, nothing was admitted or preempted: only the clock moved), a decision marked
 ``repeat_if_refused`` is repeated over the next idle steps at once, up to the next arrival, its
-timers or the drain bound.
+clock timer or the drain bound.
 ``tests/test_event_skipping.py`` checks all of it against the step-by-step walk, which runs the same
 step code but asks the policy at every step and jumps nowhere.
 """
@@ -647,9 +647,10 @@ class _V1Engine:
 
     def _idle_steps(self, order, nxt) -> int:
         """How many next steps repeat an idle one (see ``_execute_step``): each lasts the fixed cost
-        and starts before the next arrival, the last decision's timers and the drain bound."""
+        and starts before the next arrival, the last decision's clock timer and the drain bound (its
+        claim: the same answer until an arrival or ``wake_at_s``)."""
         d = self._decision
-        k = _MAX_STRETCH if d.wake_after_steps >= NEVER else int(d.wake_after_steps) - 1
+        k = _MAX_STRETCH
         if nxt < self.n:
             k = self._steps_starting_before(self.arrival_ps[order[nxt]], k, 0, 0)
         if d.wake_at_s < NEVER:

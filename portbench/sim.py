@@ -111,11 +111,12 @@ class Decision:
     in :func:`portbench.testing.check_policy`.
 
     ``repeat_if_refused=True`` says that, should the engine refuse this decision's admissions, the
-    policy would answer the same at the next steps, up to its timer, as long as nothing arrives. It
-    is for a decision that holds every running request: in a step in which the engine then admits
+    policy would answer the same at the next steps as long as nothing arrives, up to its clock timer
+    ``wake_at_s`` (``wake_after_steps`` then counts for the case where the admission goes through).
+    It is for a decision that holds every running request: in a step in which the engine then admits
     nothing (its first proposal refused) and preempts nothing, nothing runs and the engine's state
     changes only by the clock, so the engine may skip the steps that would repeat it, up to the next
-    arrival, the decision's timer or the drain bound (``vllm_v1`` does; ``lssp`` asks at each).
+    arrival, ``wake_at_s`` or the drain bound (``vllm_v1`` does; ``lssp`` asks at each).
     Walking every step, the policy is asked at each, so a false claim shows up in
     :func:`portbench.testing.check_policy`.
 

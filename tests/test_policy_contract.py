@@ -264,8 +264,9 @@ class HoldsWhileRefused(Policy):
     def schedule(self, view):
         self.calls += 1
         if view.running and view.now < self.release_s:
+            # (the step timer counts only if the admission goes through: it never does here)
             return Decision(admit=sorted(view.waiting, key=lambda i: (view.input_tokens[i], i)),
-                            hold=frozenset(view.running),
+                            hold=frozenset(view.running), wake_after_steps=2,
                             wake_at_s=self.release_s if self.timer else sim.NEVER,
                             repeat_if_refused=True)
         return Decision(admit=list(view.waiting))
