@@ -365,10 +365,6 @@ class _V1Engine:
     def decoded_of(self, ids) -> list:
         return self.decoded[np.asarray(ids, dtype=np.int64)].tolist()
 
-    @property
-    def now(self) -> float:
-        return self.t_ps / PS
-
     def clock(self) -> tuple[float, float]:
         """(now, the last executed step's start), in seconds, as the view shows them."""
         return self.t_ps / PS, self.last_step_start_ps / PS
