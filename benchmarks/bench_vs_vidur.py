@@ -221,12 +221,11 @@ class _CallCounter(sim.Policy):
         if view.refused:
             c["after a refusal"] += 1
             c[f"after a refusal ({view.refused[0][1]})"] += 1
-            if self.last is not None and first is not None and first == self.last[0]:
-                c["  proposing the same request first"] += 1
-            if self.last is not None and d.hold == self.last[1]:
-                c["  holding the same requests"] += 1
-                if first is not None and first == self.last[0]:
-                    c["  both"] += 1
+            same_first = self.last is not None and first is not None and first == self.last[0]
+            same_hold = self.last is not None and d.hold == self.last[1]
+            c["  proposing the same request first"] += same_first
+            c["  holding the same requests"] += same_hold
+            c["  both"] += same_first and same_hold
         self.last = (first, d.hold)
         admit = admit if first is None else itertools.chain([first], admit)
         return dataclasses.replace(d, admit=admit)
