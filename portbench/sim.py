@@ -25,7 +25,7 @@ The policy interface, in one place (see also the book's "Add your own scheduler"
   reports what it refused in ``view.refused`` at the next call, and schedules the policy's timers as
   events. A step that admits, preempts or holds is followed by a step in which the policy is asked
   again — unless the decision is ``steady`` (see :class:`Decision`: the steps up to its timer repeat
-  it); the clock and the decoded counts move on in skipped steps, so a decision that depends on them
+  it) or, after a refused admission that left nothing running, ``repeat_if_refused``; the clock and the decoded counts move on in skipped steps, so a decision that depends on them
   needs a timer;
 - a policy that declares ``admission_only`` must never preempt or hold (the engine raises
   :class:`PolicyContractError` if it does) and must decide from the view alone.
@@ -98,7 +98,8 @@ class Decision:
 
     ``preempt`` (running requests to put back at the queue front, their generated tokens lost) and
     ``hold`` (running requests that get no token this step) end any skipped stretch, and so do
-    admissions: the policy is asked again at the next step.
+    admissions: the policy is asked again at the next step, unless the decision says otherwise with
+    ``steady`` or ``repeat_if_refused`` below.
 
     ``steady=True`` says that the steps after this one, up to the policy's timer, would each get the
     same answer: the same ``hold``, nothing admitted or preempted. The engine may then skip them after

@@ -47,7 +47,7 @@ import numpy as np
 
 from ..sim import NEVER, Decision, Policy
 from . import register
-from .vllm_priority import WaitingOrder, admit_by_key, arrival_rank
+from .vllm_priority import WaitingOrder, admit_by_key, arrival_rank, ranked_key
 
 
 #: Levels tracked when ``num_levels`` is None (quanta past 2**60 tokens are never used up).
@@ -109,8 +109,9 @@ class FastServeMlfq(Policy):
         # the queue's keys (ranked_key's, kept per request as the levels change): level, running
         # before waiting, arrival; a waiting request evicts from its evict_level
         self._tie = arrival_rank(view)
-        self._lkey = self.level * (2 * n) + self._tie        # without the waiting offset (+ n)
-        self._ekey = self.evict_level * (2 * n) + self._tie + n
+        everyone = np.arange(n)
+        self._lkey = ranked_key(self.level, everyone, 0, self._tie)      # without the waiting offset
+        self._ekey = ranked_key(self.evict_level, everyone, n, self._tie)
         self.anchor = np.zeros(n, dtype=np.int64)            # decoded when the current level began
         self.last_served_s = np.array(view.arrival_s, dtype=np.float64)
         self._prev_running: set = set()        # the running requests at the last call
@@ -182,7 +183,7 @@ class FastServeMlfq(Policy):
         if starving:
             starving = np.array(starving, dtype=np.int64)
             anchor[starving] = dec[starving]
-            lkey[starving] = self._tie[starving]                 # level 0
+            lkey[starving] = ranked_key(level[starving], starving, 0, self._tie)    # level 0
             self._waiting.rekey(starving, key, evict_key)
         # Demotions of the running requests (the waiting ones' levels and the queue's tally above do
         # not depend on them), and the timer: one compiled pass.
