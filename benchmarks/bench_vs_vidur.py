@@ -36,10 +36,16 @@ import numpy as np
 from portbench import sim, store
 from portbench.engine_v1 import VllmV1Model
 from portbench.policies import make_policy
-from portbench.policies._common import recorded
 from portbench.workload import make_window, scale
 
 VIDUR_REQUESTS_PER_S = 280.0
+
+
+def recorded(admissions, record: list):
+    """``admissions``, lazily, each noted in ``record`` as the engine takes it."""
+    for i in admissions:
+        record.append(i)
+        yield i
 
 
 def long_trace(n_windows: int):

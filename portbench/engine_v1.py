@@ -332,7 +332,7 @@ class _V1Engine:
         self.admit_ps = [-1] * n
         self.free_blocks = model.max_kv_tokens // model.block_size
         self.waiting: list[int] = []
-        self.waiting_version = 0        # counts changes of `waiting` (the view reuses its tuple)
+        self.queue_log: list[int] = []  # the queue's changes: i joined, ~i left (see EngineView)
         self.is_waiting = [False] * n
         self.running: list[int] = []
         self.step = 0
@@ -374,7 +374,7 @@ class _V1Engine:
             self.waiting.insert(0, i)
         else:
             self.waiting.append(i)
-        self.waiting_version += 1
+        self.queue_log.append(i)
         self.is_waiting[i] = True
         heapq.heappush(self._wait_heap, (int(self.st[i, TARGET]), i))
 
@@ -508,6 +508,7 @@ class _V1Engine:
         self._decision = d
         if not preempted:
             sched = self._sched
+            taken = []                  # the queue changes once the admissions are taken
             for i in d.admit:
                 if not self.is_waiting[i]:
                     if i in running or not 0 <= i < self.n or self.st[i, FINISH] >= 0 or \
@@ -531,8 +532,7 @@ class _V1Engine:
                     break                          # head-of-line: admission stops here
                 self.free_blocks -= need
                 st[i, BLOCKS] = need
-                self.waiting.remove(i)
-                self.waiting_version += 1
+                taken.append(i)
                 self.is_waiting[i] = False
                 running.append(i)
                 if self.admit_ps[i] < 0:
@@ -545,6 +545,9 @@ class _V1Engine:
                     decodes += 1
                 budget -= n_new
                 admitted = True
+            for i in taken:
+                self.waiting.remove(i)
+                self.queue_log.append(~i)
         # step time from the batch
         c0, cp, cd, cc, cg = self._c
         self.last_step_start_ps = self.t_ps

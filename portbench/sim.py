@@ -145,11 +145,13 @@ class EngineView:
     The previous step (``prev_step_start_s``, ``prev_kv_used``: its start and the KV in use then) is
     the one just before this call, whether the policy was asked at it or the engine skipped it: a
     policy that let the engine skip steps reads what happened there instead of replaying them.
+    ``queue_version`` counts the changes of the waiting queue so far (see :meth:`queue_changes`).
     """
 
-    __slots__ = ("model", "step", "now", "prev_step_start_s", "prev_kv_used", "waiting", "running",
+    __slots__ = ("model", "step", "now", "prev_step_start_s", "prev_kv_used", "running",
                  "arrival_s", "deadline_s", "input_tokens", "predicted_output_tokens", "priority",
-                 "kv_used", "n_requests", "refused", "_engine", "_waiting_seen")
+                 "kv_used", "n_requests", "refused", "queue_version", "_engine", "_waiting",
+                 "_waiting_of")
 
     def __init__(self, engine: "_Engine"):
         self._engine = engine
@@ -160,20 +162,30 @@ class EngineView:
         self.predicted_output_tokens = engine.predicted
         self.priority = engine.priority
         self.n_requests = engine.n
-        self._waiting_seen = -1             # the engine's queue version the tuple below shows
+        self.queue_version = 0
+        self._waiting, self._waiting_of = (), 0     # the queue as a tuple, and the version it shows
 
     def refresh(self):
         e = self._engine
         self.step = e.step
         self.now, self.prev_step_start_s = e.clock()      # and the step before (run or skipped)
         self.prev_kv_used = e.prev_kv_used                # KV in use when it started
-        if e.waiting_version != self._waiting_seen:     # the same tuple while the queue is unchanged
-            self.waiting = tuple(e.waiting)
-            self._waiting_seen = e.waiting_version
+        self.queue_version = len(e.queue_log)
         self.running = tuple(e.running)
         self.kv_used = e.kv_used()
         self.refused = e.refused
         return self
+
+    @property
+    def waiting(self) -> tuple:
+        """The waiting requests, in the engine's queue order (built when first read at a call: the
+        engines change their queue only after the decision's admissions are taken)."""
+        if self._waiting_of != self.queue_version:
+            e = self._engine
+            if len(e.queue_log) != self.queue_version:
+                raise RuntimeError("engine bug: the queue changed before the policy's call was over")
+            self._waiting, self._waiting_of = tuple(e.waiting), self.queue_version
+        return self._waiting
 
     @property
     def decoded(self) -> np.ndarray:
@@ -183,6 +195,13 @@ class EngineView:
     def decoded_of(self, ids) -> list:
         """Tokens produced so far by each of ``ids`` (a list of ints; cheaper than ``decoded`` for a few)."""
         return self._engine.decoded_of(ids)
+
+    def queue_changes(self, since: int) -> list:
+        """The waiting queue's changes after its first ``since`` (``queue_version`` counts them all):
+        in order, ``i`` when request ``i`` joined the queue and ``~i`` (``-i - 1``) when it left it.
+        For a policy that keeps its own copy of the queue (a sorted one, say): remember
+        ``queue_version`` at each call and read what changed since, instead of comparing queues."""
+        return self._engine.queue_log[since:]
 
     @property
     def n_active(self) -> int:
@@ -298,7 +317,7 @@ class _Engine:
         self.finish_step = [-1] * n         # step whose decode produced the last token
         self.waiting: list[int] = []
         self._waiting_set: set[int] = set()     # the same requests
-        self.waiting_version = 0            # counts changes of `waiting` (the view reuses its tuple)
+        self.queue_log: list[int] = []      # the queue's changes: i joined, ~i left (see EngineView)
         self.running: list[int] = []
         self._kv_running = 0                # Σ (prompt + decoded) over running requests
         self.prev_kv_used = 0               # KV in use at the start of the step before this one
@@ -361,7 +380,7 @@ class _Engine:
                 i = order[next_arrival]
                 self.waiting.append(i)
                 waiting_set.add(i)
-                self.waiting_version += 1
+                self.queue_log.append(i)
                 next_arrival += 1
             # 2. scheduling. An admission-only policy has nothing to decide while the queue is empty
             # or no sequence slot is free (whatever it proposed would be refused).
@@ -430,7 +449,6 @@ class _Engine:
 
     def _apply(self, d: Decision) -> bool:
         """Apply a decision under the engine's limits; True when something was admitted."""
-        m = self.model
         waiting_set = self._waiting_set
         for i in d.preempt:
             if i not in self.running:
@@ -441,13 +459,20 @@ class _Engine:
             self.decoded[i] = 0           # recompute preemption: generated tokens are lost
             if i in self._unstarted:
                 self._unstarted.remove(i)
-            self.waiting.insert(0, i)
-            waiting_set.add(i)
-            self.waiting_version += 1
+            waiting_set.add(i)            # (back at the queue's front once admissions are taken)
             self.n_preemptions += 1
         self.refused = ()
-        if not d.admit:
-            return False
+        admitted = self._admit(d) if d.admit else False
+        for i in d.preempt:
+            self.waiting.insert(0, i)
+            self.queue_log.append(i)
+        return admitted
+
+    def _admit(self, d: Decision) -> bool:
+        """The admissions of decision ``d``, taken lazily, under the engine's limits; True when
+        something was admitted. The queue itself changes only once all are taken."""
+        m = self.model
+        waiting_set = self._waiting_set
         preempt = d.preempt
         running, base, heap = self.running, self._base, self._done_heap
         inp, out, decoded = self.inp, self.out, self.decoded
@@ -484,7 +509,7 @@ class _Engine:
                 del self.waiting[:k]
             else:
                 self.waiting = [i for i in self.waiting if i in waiting_set]
-            self.waiting_version += 1
+            self.queue_log.extend(~i for i in admitted)
         return bool(admitted)
 
     def _decode(self, s: int, span: int, hold) -> None:

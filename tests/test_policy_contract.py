@@ -408,3 +408,53 @@ def test_the_policy_registry_does_not_load_llvmlite():
             "import portbench.realengine.vllm_backend, portbench.realengine.transformers_backend\n"
             "assert 'llvmlite' not in sys.modules, sorted(m for m in sys.modules if 'llvm' in m)\n")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+class KeepsItsOwnQueue(Policy):
+    """Keeps its own copy of the queue from ``view.queue_changes`` alone, checks it against
+    ``view.waiting``, admits in that copy's (id) order and now and then preempts; its admissions are
+    taken lazily, and it reads ``view.waiting`` only after the engine has taken its first one.
+    With four requests running it preempts the newest that was never preempted."""
+
+    name = "keeps_its_own_queue"
+
+    def reset(self, view):
+        self.queue, self.seen, self.late_reads, self.preempted = set(), view.queue_version, 0, set()
+
+    def schedule(self, view):
+        for c in view.queue_changes(self.seen):
+            if c >= 0:
+                assert c not in self.queue, f"request {c} joined twice"
+                self.queue.add(c)
+            else:
+                self.queue.remove(~c)
+        self.seen = view.queue_version
+        at_call = set(self.queue)
+        # with four running, the newest admission goes back once (a rule of the view: no timer)
+        fresh = [i for i in view.running if i not in self.preempted]
+        preempt = fresh[-1:] if len(view.running) >= 4 else []
+        self.preempted.update(preempt)
+
+        def admissions():
+            first = True
+            for i in sorted(at_call):
+                yield i
+                if first:
+                    first = False
+                    # the engine is now taking admissions: the view still shows the call's queue
+                    assert set(view.waiting) == at_call, "view.waiting changed during the call"
+                    self.late_reads += 1
+
+        return Decision(admit=admissions(), preempt=preempt)
+
+
+@pytest.mark.parametrize("model", MODELS, ids=lambda m: m.name)
+def test_the_queue_log_replays_to_the_queue(model):
+    rng = np.random.default_rng(3)
+    n = 300
+    w = make_window("w", "test", np.sort(rng.uniform(0, 0.4, n)), rng.integers(5, 600, n),
+                    rng.integers(1, 80, n), rng.integers(1, 80, n))
+    policy = KeepsItsOwnQueue()
+    r = sim.simulate(w, policy, model)
+    assert r.n_preemptions > 0 and policy.late_reads > 0
+    check_policy(KeepsItsOwnQueue, max_examples=15)

@@ -107,11 +107,3 @@ def admissions_in_order(view, ranked, accept=None, kv_charge=None, limit=None):
 def admit_in_order(view, ranked, accept=None, kv_charge=None, limit=None) -> list:
     """The whole walk of :func:`admissions_in_order`, as a list."""
     return list(admissions_in_order(view, ranked, accept, kv_charge, limit))
-
-
-def recorded(admissions, record: list):
-    """``admissions``, lazily, each noted in ``record`` as the engine takes it (the queue's update at
-    the next call starts from what was taken)."""
-    for i in admissions:
-        record.append(i)
-        yield i

@@ -96,6 +96,14 @@ class FastServeMlfq(Policy):
             level += 1
         return level if self.num_levels is None else min(level, self.num_levels - 1)
 
+    def join_levels(self, prompts, top: int) -> np.ndarray:
+        """:meth:`join_level` of every prompt in ``prompts``, at most ``top - 1``, as an array."""
+        quanta = np.array([float(self.quantum(x)) for x in range(top)])   # non-decreasing
+        need = -(-np.asarray(prompts, dtype=np.int64) // self.skip_join_base) * self.base_quantum
+        level = np.searchsorted(quanta, need.astype(np.float64), side="left")
+        cap = top if self.num_levels is None else min(top, self.num_levels)
+        return np.minimum(level, cap - 1).astype(np.int64)
+
     def reset(self, view):
         n = view.n_requests
         # Quanta add up: a request that joined level k has reached level L after
@@ -103,14 +111,14 @@ class FastServeMlfq(Policy):
         top = self.num_levels if self.num_levels is not None else _TOP_LEVEL
         q = [self.quantum(x) for x in range(top - 1)] + [_NO_END]
         self._to_level = np.concatenate(([0], np.cumsum(q, dtype=np.float64)))
-        prompts = view.input_tokens.tolist()
-        self.level = np.array([min(self.join_level(p), top - 1) for p in prompts], dtype=np.int64)
+        self.level = self.join_levels(view.input_tokens, top)
         self.evict_level = self.level.copy()     # = level, but kept through a starvation promotion
-        # the queue's keys (ranked_key's, kept per request as the levels change): level, running
-        # before waiting, arrival; a waiting request evicts from its evict_level
+        # each request's keys while it waits (ranked_key's, kept as the levels change): level,
+        # running before waiting, arrival; a waiting request evicts from its evict_level. A running
+        # request's key is its waiting key less n.
         self._tie = arrival_rank(view)
         everyone = np.arange(n)
-        self._lkey = ranked_key(self.level, everyone, 0, self._tie)      # without the waiting offset
+        self._wkey = ranked_key(self.level, everyone, n, self._tie)
         self._ekey = ranked_key(self.evict_level, everyone, n, self._tie)
         self.anchor = np.zeros(n, dtype=np.int64)            # decoded when the current level began
         self.last_served_s = np.array(view.arrival_s, dtype=np.float64)
@@ -164,40 +172,30 @@ class FastServeMlfq(Policy):
             last_served[i] = now
             heapq.heappush(since_heap, (now, i))
         self._prev_running = now_running
-        lkey, ekey, n = self._lkey, self._ekey, view.n_requests
-        # ranked_key(level[ids], ids, nw, tie) and ranked_key(evict_level[ids], ids, len(ids), tie):
         # (level, running before waiting, arrival); a request evicts only from lower levels, and one
         # promoted for starvation only from the level it had before
-        key = lambda ids, nw: _waiting_first(lkey[ids], nw, n)    # noqa: E731
-        evict_key = ekey.__getitem__
-        self._waiting.get(view, key, evict_key)
+        wkey, ekey, n = self._wkey, self._ekey, view.n_requests
+        self._waiting.get(view, wkey, ekey)
         # starvation: waiting requests below level 0 not served for starvation_s, found from the
         # oldest "last served" on (entries of requests since served again or gone are stale)
         starving = []
-        queued = self._queued
+        queued, tie = self._queued, self._tie
         while since_heap and now - since_heap[0][0] >= starvation:
             since, i = heapq.heappop(since_heap)
             if i in queued and level[i] > 0 and last_served[i] == since:
                 level[i] = 0
+                anchor[i] = dec[i]
+                wkey[i] = tie[i] + n                # ranked_key's, at level 0 and waiting
                 starving.append(i)
         if starving:
-            starving = np.array(starving, dtype=np.int64)
-            anchor[starving] = dec[starving]
-            lkey[starving] = ranked_key(level[starving], starving, 0, self._tie)    # level 0
-            self._waiting.rekey(starving, key, evict_key)
+            self._waiting.rekey(starving, wkey, ekey)
         # Demotions of the running requests (the waiting ones' levels and the queue's tally above do
         # not depend on them), and the timer: one compiled pass.
         r = np.fromiter(running, dtype=np.int64, count=len(running))
         wake = self._demote_and_cross(r, dec, level, evict_level, anchor, to_level, self._per_level,
-                                      len(view.waiting) > 0, lkey, ekey, n)
-        admit, preempt = admit_by_key(view, key, evict_key, decoded=dec, cache=self._waiting)
+                                      len(self._waiting.ids) > 0, wkey, ekey, n)
+        admit, preempt = admit_by_key(view, self._waiting, lambda r: wkey[r] - n, decoded=dec)
         return Decision(admit=admit, preempt=preempt, wake_after_steps=wake)
-
-
-def _waiting_first(keys, n_waiting: int, n: int):
-    """``keys`` with the waiting requests' offset (the first ``n_waiting``): running first."""
-    keys[:n_waiting] += n
-    return keys
 
 
 _COMPILED = None
@@ -215,9 +213,9 @@ def _compiled():
     return _COMPILED
 
 
-def _demote_and_cross(r, dec, level, evict_level, anchor, to_level, per_level, want_wake, lkey, ekey,
+def _demote_and_cross(r, dec, level, evict_level, anchor, to_level, per_level, want_wake, wkey, ekey,
                       n):
-    """Catch the running requests ``r`` up on their demotions (in place, and their keys ``lkey``,
+    """Catch the running requests ``r`` up on their demotions (in place, and their keys ``wkey``,
     ``ekey`` with them: see ``FastServeMlfq.reset``; ``n`` requests), then, when ``want_wake``,
     the fewest tokens a running request must generate to drop below the level a waiting request
     evicts from, where it is not yet (then it becomes evictable by that request); NEVER if none.
@@ -240,8 +238,8 @@ def _demote_and_cross(r, dec, level, evict_level, anchor, to_level, per_level, w
                 hi = mid
         new = lo - 1
         anchor[i] += np.int64(to_level[new] - base)
-        lkey[i] += (new - level[i]) * (2 * n)
-        ekey[i] = lkey[i] + n
+        wkey[i] += (new - level[i]) * (2 * n)
+        ekey[i] = wkey[i]
         level[i] = new
         evict_level[i] = new
     if not want_wake or r.shape[0] == 0:

@@ -83,7 +83,8 @@ class LeastAttainedService(Policy):
         served = self._service.update(view, dec)
         tie = self._tie
         # (attained, running before waiting, arrival): equals never evict one another
-        admit, preempt = admit_by_key(view, lambda ids, nw: ranked_key(served[ids], ids, nw, tie),
-                                      evict_key=lambda w: _fresh_only(served[w], w, tie),
-                                      decoded=dec, cache=self._waiting)
+        waiting = self._waiting.get(view, lambda w: ranked_key(served[w], w, len(w), tie),
+                                    lambda w: _fresh_only(served[w], w, tie))
+        admit, preempt = admit_by_key(view, waiting, lambda r: ranked_key(served[r], r, 0, tie),
+                                      decoded=dec)
         return Decision(admit=admit, preempt=preempt)

@@ -6,7 +6,7 @@ import numpy as np
 
 from ..sim import Decision, Policy
 from . import register
-from ._common import ALPHA, BETA, admissions_in_order, estimate, recorded
+from ._common import ALPHA, BETA, admissions_in_order, estimate
 from .vllm_priority import WaitingOrder
 
 #: Relative width of a near-tie of ``deadline - est`` (see :meth:`LeastLaxityFirst._exact_chunks`):
@@ -53,9 +53,8 @@ class LeastLaxityFirst(Policy):
 
     def schedule(self, view):
         rank = self._rank
-        w = self._waiting.get(view, lambda ids, _: rank[ids])
-        admit = admissions_in_order(view, self._exact_chunks(view, w.ids, w.keys))
-        return Decision(admit=recorded(admit, w.yielded))
+        w = self._waiting.get(view, rank)
+        return Decision(admit=admissions_in_order(view, self._exact_chunks(view, w.ids, w.keys)))
 
     def _exact_chunks(self, view, ids, ranks, head: int = 16):
         """The waiting requests ``ids`` (sorted by their fixed ``ranks``) in the exact key order, as

@@ -201,11 +201,10 @@ class SlaiFaithful(PagedPolicy):
         # admission, shortest prompt first (TBT is the same for every request): the waiting queue
         # kept in that fixed order across calls
         rank = self._prompt_rank_array
-        waiting = self._waiting.get(view, lambda ids, _: rank[ids])
+        waiting = self._waiting.get(view, rank)
         admit, used, closed = self._admit(view, waiting.ids, budget=budget, used=used,
                                           seqs=len(decoding) + len(prefilling), chunked=True,
                                           by_prompt=True)
-        waiting.yielded = admit
         # non-critical decodes get only the leftover, one token each, earliest LST first
         extra = max(0, min(budget - used, limit - len(served), len(non_critical)))
         served += non_critical[:extra]

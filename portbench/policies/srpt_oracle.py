@@ -49,7 +49,8 @@ class SrptOracle(Policy):
         dec = view.decoded
         out, tie = self.true_output_tokens, self._tie
         # (remaining, running before waiting, arrival): equals never evict one another
+        waiting = self._waiting.get(
+            view, lambda w: ranked_key(np.maximum(out[w] - dec[w], 0), w, len(w), tie))
         admit, preempt = admit_by_key(
-            view, lambda ids, nw: ranked_key(np.maximum(out[ids] - dec[ids], 0), ids, nw, tie),
-            decoded=dec, cache=self._waiting)
+            view, waiting, lambda r: ranked_key(np.maximum(out[r] - dec[r], 0), r, 0, tie), decoded=dec)
         return Decision(admit=admit, preempt=preempt)

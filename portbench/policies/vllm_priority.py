@@ -63,13 +63,14 @@ class WaitingOrder:
     """The waiting queue sorted by key, kept up to date across a policy's calls.
 
     For a policy whose waiting requests' keys do not change while they wait (a fixed priority,
-    attained service, remaining output): pass one instance to :func:`admit_by_key` at every call
-    — or, for a policy that walks the queue itself, call :meth:`get` at every call and set
-    ``yielded`` to the requests it admitted (as ``least_laxity_first`` and ``slai_faithful`` do);
-    when some waiting requests' keys do change, say so with :meth:`rekey` (or :meth:`clear`).
-    Between two calls the engine's queue only loses the admitted requests, gains evicted ones at
-    its front and arrivals at its end: the sorted lists are updated for those (checked against the
-    queue, else rebuilt).
+    attained service, remaining output): call :meth:`get` at every call; it reads the engine's log of
+    the queue's changes since the last call (:meth:`~portbench.sim.EngineView.queue_changes`), drops
+    the requests that left and inserts those that joined, with their keys as of this call. When some
+    waiting requests' keys do change, say so with :meth:`rekey` (or :meth:`clear`).
+
+    ``key`` (and ``evict_key``, the rank a waiting request evicts from, or None): the keys of
+    waiting requests, unique int64 (lower first) — an array indexed by request id, or a function of
+    an int64 array of ids giving theirs.
 
     After :meth:`get`: ``ids`` (request ids), ``keys`` (their keys, ascending) and ``ekeys`` (their
     eviction keys, or None), plain lists of ints — a few insertions into or deletions from a sorted
@@ -79,13 +80,12 @@ class WaitingOrder:
     #: Changes larger than this (or than a sixteenth of the queue, in a long one) rebuild the lists
     #: in numpy instead of editing them in place: an edit moves the list's tail, a rebuild sorts it all.
     _EDIT_LIMIT = 32
+    #: Up to this many keys are read one by one from a key array (a numpy call costs more).
+    _SCALAR_LIMIT = 8
 
     def __init__(self, on_change=None):
         self.clear()
-        self._last_running = ((), None)  # view.running at the last get, and its set if one was built
         self._now_of, self._now = None, set()           # see running_now
-        self.yielded: list = []          # admissions proposed at the last call (as consumed)
-        self.evicted: list = []          # evictions decided at the last call
         # on_change(gone, new): requests ``gone`` left the queue and ``new`` joined it (gone None:
         # the queue is now exactly ``new``), for a policy that keeps its own tally of the queue (a
         # rekey leaves the queue's members as they were: it is not reported)
@@ -98,33 +98,69 @@ class WaitingOrder:
         return self._now
 
     def clear(self):
-        self.waiting = None
-        self._key_of = np.zeros(0, dtype=np.int64)      # each waiting request's key, by id
+        """Forget the queue: the next :meth:`get` sorts it afresh."""
+        self.ids = None
+        self._seen = 0                                  # the view's queue_version at the last get
 
     def get(self, view, key, evict_key=None):
-        t = view.waiting
-        if t is not self.waiting and t != self.waiting:
-            if self.waiting is None or not self._update(t, view, key, evict_key):
-                ids = np.fromiter(t, dtype=np.int64, count=len(t))
-                self._rebuild(ids, key(ids, len(ids)), None if evict_key is None else evict_key(ids))
-                if self.on_change is not None:
-                    self.on_change(None, self.ids)
-            self.waiting = t
-        self._last_running = (view.running, self._now if self._now_of is view.running else None)
-        self.yielded, self.evicted = [], []
+        v = view.queue_version
+        if self.ids is None:
+            ids = np.fromiter(view.waiting, dtype=np.int64, count=len(view.waiting))
+            self._key_of = np.zeros(view.n_requests, dtype=np.int64)   # each waiting one's key
+            self._rebuild(ids, _keys(key, ids), None if evict_key is None else _keys(evict_key, ids))
+            if self.on_change is not None:
+                self.on_change(None, self.ids)
+        elif v != self._seen:
+            changes = view.queue_changes(self._seen)
+            if len(changes) == 1:
+                gone, new = ([], changes) if changes[0] >= 0 else ([~changes[0]], [])
+            else:
+                # a request that left and came back is moved (its key may have changed meanwhile);
+                # one that came and left is not seen at all
+                gone, joined = [], {}
+                for c in changes:
+                    if c >= 0:
+                        joined[c] = None
+                    elif ~c in joined:
+                        del joined[~c]
+                    else:
+                        gone.append(~c)
+                new = list(joined)
+            self._replace(gone, new, key, evict_key)
+        self._seen = v
         return self
 
     def rekey(self, ids, key, evict_key=None):
         """The keys of waiting requests ``ids`` have changed: move them to their new places."""
-        if self.waiting is not None and len(ids):
+        if self.ids is None or not len(ids):
+            return
+        ids = [int(i) for i in ids]
+        if len(ids) > self._SCALAR_LIMIT:
             self._replace(ids, ids, key, evict_key, notify=False)
+            return
+        wids, keys, ekeys, key_of = self.ids, self.keys, self.ekeys, self._key_of
+        nk = _keys(key, ids, self._SCALAR_LIMIT)
+        nek = nk if ekeys is None else _keys(evict_key, ids, self._SCALAR_LIMIT)
+        for i, k, e in zip(ids, nk, nek):
+            at = bisect.bisect_left(keys, int(key_of[i]))
+            if ekeys is not None:
+                self._unindex(keys[at], ekeys[at])
+                del ekeys[at]
+            del wids[at], keys[at]
+            at = bisect.bisect_left(keys, k)
+            wids.insert(at, i)
+            keys.insert(at, k)
+            key_of[i] = k
+            if ekeys is not None:
+                ekeys.insert(at, e)
+                self._index(k, e)
 
     def _rebuild(self, ids, keys, ekeys):
         """The lists from unsorted arrays of ids, their keys and eviction keys (or None)."""
         order = np.argsort(keys)
         ids, keys = ids[order], keys[order]
         self.ids, self.keys = ids.tolist(), keys.tolist()
-        self._note_keys(ids, keys)
+        self._key_of[ids] = keys
         self.ekeys = None
         if ekeys is not None:
             ekeys = ekeys[order]
@@ -135,36 +171,10 @@ class WaitingOrder:
             o = np.lexsort((k, e))
             self._other = list(zip(e[o].tolist(), k[o].tolist()))
 
-    def _update(self, t, view, key, evict_key) -> bool:
-        old = self.waiting
-        now_running = self.running_now(view)
-        refused = {i for i, _ in view.refused}      # proposed, refused: still waiting
-        gone = [i for i in self.yielded if i in now_running or (i not in refused and i not in t)]
-        prev, prev_set = self._last_running
-        before = prev_set if prev_set is not None else set(prev)
-        evicted = set(self.evicted)
-        evicted.update(before - now_running)
-        n_front = 0
-        while n_front < len(t) and t[n_front] in evicted:
-            n_front += 1
-        n_mid = len(old) - len(gone)
-        n_new = len(t) - n_front - n_mid
-        if n_new < 0:
-            return False
-        if n_mid:
-            out = set(gone)
-            first = next(i for i in old if i not in out)
-            last = next(i for i in reversed(old) if i not in out)
-            if t[n_front] != first or t[n_front + n_mid - 1] != last:
-                return False
-        self._replace(gone, t[:n_front] + t[len(t) - n_new:], key, evict_key)
-        return True
-
-    def _replace(self, gone, new, key, evict_key, notify: bool = True):
-        """Drop requests ``gone`` and insert requests ``new`` (with their keys now); ``notify``:
-        tell ``on_change``."""
+    def _replace(self, gone: list, new: list, key, evict_key, notify: bool = True):
+        """Drop requests ``gone`` and insert requests ``new`` (lists of ints; with their keys now);
+        ``notify``: tell ``on_change``."""
         ids, keys, ekeys = self.ids, self.keys, self.ekeys
-        gone = [int(i) for i in gone]
         g = len(gone)
         if g and (ids[:g] == gone or set(ids[:g]) == set(gone)):
             # the usual case: admissions leave from the front
@@ -185,22 +195,21 @@ class WaitingOrder:
                     self._unindex(keys[at], ekeys[at])
                     del ekeys[at]
                 del ids[at], keys[at]
-            if len(new):
-                nid = np.array(new, dtype=np.int64)
-                nids, nk = nid.tolist(), key(nid, len(nid)).tolist()
-                nek = None if ekeys is None else evict_key(nid).tolist()
-                for j, (i, k) in enumerate(zip(nids, nk)):
+            if new:
+                nk = _keys(key, new, self._SCALAR_LIMIT)
+                nek = None if ekeys is None else _keys(evict_key, new, self._SCALAR_LIMIT)
+                for j, (i, k) in enumerate(zip(new, nk)):
                     at = bisect.bisect_left(keys, k)
                     ids.insert(at, i)
                     keys.insert(at, k)
+                    key_of[i] = k
                     if ekeys is not None:
                         ekeys.insert(at, nek[j])
                         self._index(k, nek[j])
-                self._note_keys(nids, nk)
         if notify and self.on_change is not None:
             self.on_change(gone, new)
 
-    def _rebuild_with(self, gone: list, new, key, evict_key):
+    def _rebuild_with(self, gone: list, new: list, key, evict_key):
         """:meth:`_replace` for many requests at once, in numpy."""
         ids = np.array(self.ids, dtype=np.int64)
         keys = np.array(self.keys, dtype=np.int64)
@@ -210,11 +219,11 @@ class WaitingOrder:
             keep[np.searchsorted(keys, self._key_of[gone])] = False
             ids, keys = ids[keep], keys[keep]
             ekeys = None if ekeys is None else ekeys[keep]
-        if len(new):
+        if new:
             nid = np.array(new, dtype=np.int64)
-            ids, keys = np.concatenate((ids, nid)), np.concatenate((keys, key(nid, len(nid))))
+            ids, keys = np.concatenate((ids, nid)), np.concatenate((keys, _keys(key, nid)))
             if ekeys is not None:
-                ekeys = np.concatenate((ekeys, evict_key(nid)))
+                ekeys = np.concatenate((ekeys, _keys(evict_key, nid)))
         self._rebuild(ids, keys, ekeys)
 
     # The eviction keys indexed apart, to find the last waiting request that may evict without a
@@ -246,57 +255,53 @@ class WaitingOrder:
                 best = k
         return 0 if best is None else bisect.bisect_left(self.keys, best) + 1
 
-    def _note_keys(self, ids, keys):
-        """Remember the keys of requests ``ids`` (arrays, or lists of ints), to find them again when
-        they leave."""
-        if len(ids):
-            top = max(ids) + 1 if isinstance(ids, list) else int(ids.max()) + 1
-            if len(self._key_of) < top:
-                grown = np.zeros(max(top, 2 * len(self._key_of)), dtype=np.int64)
-                grown[:len(self._key_of)] = self._key_of
-                self._key_of = grown
-            if isinstance(ids, list):
-                key_of = self._key_of
-                for i, k in zip(ids, keys):
-                    key_of[i] = k
-            else:
-                self._key_of[ids] = keys
+
+def _keys(key, ids, scalar_limit: int = 0):
+    """The keys of ``ids`` from ``key`` (an array by id, or a function of an id array): an int64
+    array for an array of ids; a list of ints for a list (read one by one when it is short and
+    ``key`` an array)."""
+    if isinstance(ids, np.ndarray):
+        return key[ids] if isinstance(key, np.ndarray) else key(ids)
+    if isinstance(key, np.ndarray) and len(ids) <= scalar_limit:
+        return [int(key[i]) for i in ids]
+    a = np.array(ids, dtype=np.int64)
+    return (key[a] if isinstance(key, np.ndarray) else key(a)).tolist()
 
 
-def admit_by_key(view, key, evict_key=None, decoded=None, cache: WaitingOrder | None = None):
+def admit_by_key(view, waiting: WaitingOrder, running_key, decoded=None):
     """Admissions and evictions from one walk down the waiting requests in key order.
 
-    ``key(ids, n_waiting)`` gives unique int64 keys, lower first: to ``ids`` = some waiting ids
-    (the first ``n_waiting``) then some running ones. While the walk has admitted nothing into room
-    that was free, a waiting request that does not fit the engine's hard limits (one more sequence,
-    its prompt in the KV room) evicts running requests ranked below it, lowest first, when evicting
-    all of those would make it fit: it evicts just enough and is admitted; otherwise it is skipped.
-    ``evict_key(waiting_ids)`` (default: their ``key``) is the rank a request evicts from: running
-    requests with a larger key are below it (a key past every running one's: it never evicts).
-    From the first request that fits, the walk only admits what fits, lazily. Evictions are thus
-    decided on the engine's state at the call, never to make room for this call's own admissions
-    into free room (``vllm_v1`` admits nothing in a step that evicts). An evicted request frees a
-    slot and an estimated ``prompt + decoded`` KV tokens (exact under ``lssp``).
+    ``waiting``: the queue, brought up to date at this call (:meth:`WaitingOrder.get`), with its
+    keys and eviction keys; ``running_key(ids)``: the running requests' keys, on the same scale
+    (unique int64, lower first). While the walk has admitted nothing into room that was free, a
+    waiting request that does not fit the engine's hard limits (one more sequence, its prompt in the
+    KV room) evicts running requests ranked below it, lowest first, when evicting all of those would
+    make it fit: it evicts just enough and is admitted; otherwise it is skipped. Its eviction key
+    (default: its key) is the rank it evicts from: running requests with a larger key are below it
+    (a key past every running one's: it never evicts). From the first request that fits, the walk
+    only admits what fits, lazily. Evictions are thus decided on the engine's state at the call,
+    never to make room for this call's own admissions into free room (``vllm_v1`` admits nothing in
+    a step that evicts). An evicted request frees a slot and an estimated ``prompt + decoded`` KV
+    tokens (exact under ``lssp``).
 
-    ``cache``: a :class:`WaitingOrder` kept by the policy. Returns ``(admit, preempt)``:
-    ``preempt`` a list, ``admit`` an iterable.
+    Returns ``(admit, preempt)``: ``preempt`` a list, ``admit`` an iterable.
     """
-    w = (cache or WaitingOrder()).get(view, key, evict_key)
-    nw, nr = len(view.waiting), len(view.running)
+    w = waiting
+    ids = w.ids
+    nw, nr = len(ids), len(view.running)
     if not nw:
         return [], []
     m = view.model
     slots = m.max_sequences
     inp = view.input_tokens
     room = m.max_kv_tokens
-    ids = w.ids
     if nr + 1 <= slots and view.kv_used + inp[ids[0]] <= room:
         # the first request fits the engine as it is: the walk below would only admit
-        return _fitting(ids, 0, inp, slots - nr, room - view.kv_used, w.yielded), w.evicted
+        return _fitting(ids, 0, inp, slots - nr, room - view.kv_used), []
     head = 0                                  # waiting requests up to the last that may evict
     if nr:
         rids = np.fromiter(view.running, dtype=np.int64, count=nr)
-        kr = key(rids, 0)
+        kr = running_key(rids)
         lowest = int(kr.max())
         ahead = bisect.bisect_left(w.keys, lowest)     # waiting ranked above the lowest running
         if w.ekeys is None:
@@ -312,7 +317,7 @@ def admit_by_key(view, key, evict_key=None, decoded=None, cache: WaitingOrder | 
     if not head and nr >= slots:
         return [], []
     active, kv = nr, view.kv_used
-    admit, preempt = w.yielded, w.evicted
+    admit, preempt = [], []
     start = 0
     if head:
         # eviction candidates, the lowest ranked (largest key) first
@@ -322,19 +327,21 @@ def admit_by_key(view, key, evict_key=None, decoded=None, cache: WaitingOrder | 
         vfree = vcum = None                   # their freed KV and its running total, when needed
         used = 0                              # evictions made (a prefix of vids)
         ekeys = w.keys if w.ekeys is None else w.ekeys
-        best_after = None                     # the best eviction rank from each point on, when needed
+        evictor = 0                           # from `start` on, the first that may still evict
         for i, ek in itertools.islice(zip(ids, ekeys), head):
             need = int(inp[i])
             if active + 1 <= slots and kv + need <= room:
                 break                         # it fits: from here on, admissions only
             if active >= slots:
-                # no slot: stop once nobody left can evict anyone
+                # no slot: stop once nobody left can evict anyone (the rank to beat only rises as
+                # evictions are made, so a request passed over here never becomes an evictor)
                 if used >= nr:
                     return admit, preempt
-                if best_after is None:
-                    best_after = (ekeys[:head] if w.ekeys is None else
-                                  list(itertools.accumulate(reversed(ekeys[:head]), min))[::-1])
-                if best_after[start] >= vkeys[nr - used - 1]:
+                beat = vkeys[nr - used - 1]
+                evictor = max(evictor, start)
+                while evictor < head and ekeys[evictor] >= beat:
+                    evictor += 1
+                if evictor == head:
                     return admit, preempt
             start += 1
             below = nr - bisect.bisect_right(vkeys, ek)   # running ranked below it: vids[:below]
@@ -356,16 +363,14 @@ def admit_by_key(view, key, evict_key=None, decoded=None, cache: WaitingOrder | 
             kv += need
     if active >= slots or start >= nw:
         return admit, preempt
-    return itertools.chain(list(admit), _fitting(ids, start, inp, slots - active, room - kv,
-                                                 admit)), preempt
+    return itertools.chain(admit, _fitting(ids, start, inp, slots - active, room - kv)), preempt
 
 
-def _fitting(ids: list, start: int, inp, slots_left: int, room_left: int, record: list):
-    """``ids[start:]``, lazily: each request that still fits (noted in ``record`` as it goes)."""
+def _fitting(ids: list, start: int, inp, slots_left: int, room_left: int):
+    """``ids[start:]``, lazily: each request that still fits."""
     for i in itertools.islice(ids, start, None):
         need = int(inp[i])
         if need <= room_left:
-            record.append(i)
             yield i
             slots_left -= 1
             room_left -= need
@@ -388,5 +393,5 @@ class VllmPriority(Policy):
 
     def schedule(self, view):
         rank = self._rank
-        admit, preempt = admit_by_key(view, lambda ids, _: rank[ids], cache=self._waiting)
+        admit, preempt = admit_by_key(view, self._waiting.get(view, rank), rank.__getitem__)
         return Decision(admit=admit, preempt=preempt)
