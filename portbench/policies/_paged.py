@@ -66,10 +66,6 @@ class PagedPolicy(Policy):
         """Drop the per-request state of ``r`` besides its blocks (freed by the caller)."""
         del self._rem[r]
 
-    def _running_set(self, view) -> set:
-        """``view.running`` as a set (a policy that builds one anyway may share it; never changed)."""
-        return set(view.running)
-
     def _booked(self, view, r: int) -> int:
         """The tokens an adopted running request holds in the block manager."""
         return self._inp[r] + int(view.decoded[r])
@@ -78,8 +74,11 @@ class PagedPolicy(Policy):
         """Reconcile completions, replay the steps the engine skipped, adopt untracked requests."""
         bm, rem = self._bm, self._rem
         running = view.running
-        changed = rem.keys() ^ self._running_set(view)      # left the engine, or running untracked
-        gone = changed & rem.keys()
+        if len(running) == len(rem) and all(map(rem.__contains__, running)):
+            changed = gone = ()                     # the usual case: the same requests
+        else:
+            changed = rem.keys() ^ set(running)     # left the engine, or running untracked
+            gone = changed & rem.keys()
         for r in gone:                              # left (the order does not matter)
             bm.free(r)
             self._forget(r)

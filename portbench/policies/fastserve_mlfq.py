@@ -166,7 +166,7 @@ class FastServeMlfq(Policy):
         # quantum at their level, and their wait for service starts now.
         starvation = self.starvation_s
         since_heap, last_served = self._since, self.last_served_s
-        now_running = self._waiting.running_now(view)
+        now_running = set(running)
         for i in self._prev_running - now_running:
             anchor[i] = dec[i]
             last_served[i] = now

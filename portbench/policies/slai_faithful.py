@@ -105,9 +105,6 @@ class SlaiFaithful(PagedPolicy):
         super()._forget(r)
         self._lst.pop(r, None)
 
-    def _running_set(self, view):
-        return self._waiting.running_now(view)      # built once per call, shared with the queue
-
     def _booked(self, view, r):
         return self._inp[r]                 # the block manager holds prompts only: no decode slots
 

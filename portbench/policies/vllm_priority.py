@@ -85,17 +85,10 @@ class WaitingOrder:
 
     def __init__(self, on_change=None):
         self.clear()
-        self._now_of, self._now = None, set()           # see running_now
         # on_change(gone, new): requests ``gone`` left the queue and ``new`` joined it (gone None:
         # the queue is now exactly ``new``), for a policy that keeps its own tally of the queue (a
         # rekey leaves the queue's members as they were: it is not reported)
         self.on_change = on_change
-
-    def running_now(self, view) -> set:
-        """``view.running`` as a set, built once per call (the policy may share it; never change it)."""
-        if view.running is not self._now_of:
-            self._now_of, self._now = view.running, set(view.running)
-        return self._now
 
     def clear(self):
         """Forget the queue: the next :meth:`get` sorts it afresh."""
