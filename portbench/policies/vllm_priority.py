@@ -128,25 +128,7 @@ class WaitingOrder:
         if self.ids is None or not len(ids):
             return
         ids = [int(i) for i in ids]
-        if len(ids) > self._SCALAR_LIMIT:
-            self._replace(ids, ids, key, evict_key, notify=False)
-            return
-        wids, keys, ekeys, key_of = self.ids, self.keys, self.ekeys, self._key_of
-        nk = _keys(key, ids, self._SCALAR_LIMIT)
-        nek = nk if ekeys is None else _keys(evict_key, ids, self._SCALAR_LIMIT)
-        for i, k, e in zip(ids, nk, nek):
-            at = bisect.bisect_left(keys, int(key_of[i]))
-            if ekeys is not None:
-                self._unindex(keys[at], ekeys[at])
-                del ekeys[at]
-            del wids[at], keys[at]
-            at = bisect.bisect_left(keys, k)
-            wids.insert(at, i)
-            keys.insert(at, k)
-            key_of[i] = k
-            if ekeys is not None:
-                ekeys.insert(at, e)
-                self._index(k, e)
+        self._replace(ids, ids, key, evict_key, notify=False)
 
     def _rebuild(self, ids, keys, ekeys):
         """The lists from unsorted arrays of ids, their keys and eviction keys (or None)."""
@@ -181,26 +163,35 @@ class WaitingOrder:
         if g > limit or len(new) > limit:
             self._rebuild_with(gone if g else [], new, key, evict_key)
         else:
-            key_of = self._key_of
             for i in gone[:g]:
-                at = bisect.bisect_left(keys, int(key_of[i]))
-                if ekeys is not None:
-                    self._unindex(keys[at], ekeys[at])
-                    del ekeys[at]
-                del ids[at], keys[at]
+                self._drop(i)
             if new:
                 nk = _keys(key, new, self._SCALAR_LIMIT)
-                nek = None if ekeys is None else _keys(evict_key, new, self._SCALAR_LIMIT)
-                for j, (i, k) in enumerate(zip(new, nk)):
-                    at = bisect.bisect_left(keys, k)
-                    ids.insert(at, i)
-                    keys.insert(at, k)
-                    key_of[i] = k
-                    if ekeys is not None:
-                        ekeys.insert(at, nek[j])
-                        self._index(k, nek[j])
+                nek = nk if ekeys is None else _keys(evict_key, new, self._SCALAR_LIMIT)
+                for i, k, e in zip(new, nk, nek):
+                    self._put(i, k, e)
         if notify and self.on_change is not None:
             self.on_change(gone, new)
+
+    def _drop(self, i: int) -> None:
+        """Take waiting request ``i`` out of the lists (found by the key it went in with)."""
+        keys, ekeys = self.keys, self.ekeys
+        at = bisect.bisect_left(keys, int(self._key_of[i]))
+        if ekeys is not None:
+            self._unindex(keys[at], ekeys[at])
+            del ekeys[at]
+        del self.ids[at], keys[at]
+
+    def _put(self, i: int, k: int, e: int) -> None:
+        """Insert waiting request ``i`` with key ``k`` (and eviction key ``e``, with eviction keys)."""
+        keys, ekeys = self.keys, self.ekeys
+        at = bisect.bisect_left(keys, k)
+        self.ids.insert(at, i)
+        keys.insert(at, k)
+        self._key_of[i] = k
+        if ekeys is not None:
+            ekeys.insert(at, e)
+            self._index(k, e)
 
     def _rebuild_with(self, gone: list, new: list, key, evict_key):
         """:meth:`_replace` for many requests at once, in numpy."""
