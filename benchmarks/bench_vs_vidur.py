@@ -147,6 +147,7 @@ class _Recorder(sim.Policy):
     def __init__(self, policy):
         self.policy, self.name, self.log = policy, policy.name, []
         self.admission_only = policy.admission_only      # asked at the same steps as the policy
+        self.event_driven = policy.event_driven
 
     def reset(self, view):
         self.policy.reset(view)
@@ -162,6 +163,7 @@ class _Replay(sim.Policy):
     """Returns the recorded decisions, in order (checks that it is asked at the same steps)."""
 
     name = "replay"
+    event_driven = True             # the recorded decisions carry the policy's own timers
 
     def __init__(self, log, admission_only: bool):
         self.log, self.admission_only = log, admission_only
@@ -211,7 +213,7 @@ class _CallCounter(sim.Policy):
 
     def __init__(self, policy):
         self.policy, self.name = policy, policy.name
-        self.admission_only = policy.admission_only
+        self.admission_only, self.event_driven = policy.admission_only, policy.event_driven
         self.counts = collections.Counter()
 
     def reset(self, view):

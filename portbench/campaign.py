@@ -37,7 +37,7 @@ from .workload import (BASE_SLO_MULTIPLIER, PREDICTION_RELATIVE_ERROR, Window, c
 ENGINE_MODELS = {"lssp": sim.LsspModel, "vllm_v1": VllmV1Model}
 
 #: Modules whose source decides a cell's numbers; their hash is part of every cache key.
-_RESULT_MODULES = ("sim.py", "engine_v1.py", "workload.py", "metrics.py", "regions.py", "policies")
+_RESULT_MODULES = ("sim.py", "engine_v1.py", "queue.py", "workload.py", "metrics.py", "regions.py", "policies")
 
 IDENTITY_COLUMNS = ["source", "window_id", "region", "region_factor", "lambda_ref", "load_factor",
                     "policy", "slo_multiplier", "prediction_error", "engine_model"]

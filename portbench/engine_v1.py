@@ -53,7 +53,8 @@ from typing import ClassVar, NamedTuple
 import numba
 import numpy as np
 
-from .sim import NEVER, Decision, EngineView, Policy, PolicyContractError, RunResult, check_decision
+from .sim import (NEVER, Decision, EngineView, Policy, PolicyContractError, RunResult, _read_only,
+                  check_decision, skips_steps)
 
 PS = 10 ** 12          # picoseconds per second
 _TIMER_MARGIN_PS = 10 ** 6      # a clock timer fires up to a microsecond early (float round-off)
@@ -328,7 +329,7 @@ class _V1Engine:
         st[:, OUT] = window.output_tokens
         st[:, TARGET] = window.input_tokens   # tokens to compute before the next token can be emitted
         st[:, FIRST] = st[:, FINISH] = -1
-        self.decoded = st[:, DECODED]         # tokens emitted (the policies' view reads it)
+        self.decoded = _read_only(st[:, DECODED])     # tokens emitted (the policies' view reads it)
         self.admit_ps = [-1] * n
         self.free_blocks = model.max_kv_tokens // model.block_size
         self.waiting: list[int] = []
@@ -419,6 +420,7 @@ class _V1Engine:
             return
         nxt = 0
         self.t_ps = self.arrival_ps[order[0]]
+        event_skipping = skips_steps(self.policy, event_skipping)
         # An admission-only policy is asked only when some waiting request could be admitted.
         lazy = event_skipping and self._admission_only
         # A steady decision is repeated without asking the policy while it holds (see _Repeat).
@@ -510,9 +512,13 @@ class _V1Engine:
             sched = self._sched
             taken = []                  # the queue changes once the admissions are taken
             for i in d.admit:
+                if not (isinstance(i, (int, np.integer)) and 0 <= i < self.n):
+                    raise PolicyContractError(f"policy {self.policy.name!r} admitted {i!r} at step "
+                                              f"{self.step}, which is not a request of the window "
+                                              f"(ids are 0 .. {self.n - 1})")
+                i = int(i)
                 if not self.is_waiting[i]:
-                    if i in running or not 0 <= i < self.n or self.st[i, FINISH] >= 0 or \
-                            self.arrival_ps[i] > self.t_ps:
+                    if i in running or self.st[i, FINISH] >= 0 or self.arrival_ps[i] > self.t_ps:
                         raise PolicyContractError(f"policy {self.policy.name!r} admitted request {i} "
                                                   f"at step {self.step}, which is not waiting")
                     continue

@@ -14,21 +14,28 @@ next step at which anything can (an arrival becomes visible, a request completes
 timer fires — see :class:`Decision` — or the policy admitted, preempted or held something, unless it
 called the decision steady), decoding the skipped steps in bulk. ``event_skipping=False`` walks every
 step and asks the policy at each; the tests (and :func:`portbench.testing.check_policy`, for any
-policy) prove both give identical results, request by request.
+policy) prove both give identical results, request by request. A policy that declares neither
+``event_driven`` nor ``admission_only`` is always walked step by step.
 
 The policy interface, in one place (see also the book's "Add your own scheduler"):
 
 - a policy sees a read-only :class:`EngineView` and returns a :class:`Decision` — which waiting
-  requests to admit, in order; which running ones to preempt or hold for this step; and when it wants
-  to be asked again on its own (``wake_at_s``, a time on the clock, or ``wake_after_steps``);
-- the engine owns every rule: it admits a proposed request only if the engine model's limits allow,
-  reports what it refused in ``view.refused`` at the next call, and schedules the policy's timers as
-  events. A step that admits, preempts or holds is followed by a step in which the policy is asked
-  again — unless the decision is ``steady`` (see :class:`Decision`: the steps up to its timer repeat
-  it) or, after a refused admission that left nothing running, ``repeat_if_refused``; the clock and the decoded counts move on in skipped steps, so a decision that depends on them
-  needs a timer;
+  requests to propose for admission, in order; which running ones to preempt or hold for this step;
+  and when it wants to be asked again on its own (``wake_at_s``, a time on the clock, or
+  ``wake_after_steps``). Most policies are an order: :class:`portbench.queue.KeyPolicy`;
+- the engine owns the queue and every rule: it admits a proposed request only if the engine model's
+  limits allow, and the engine model decides what happens to one that does not fit (this model:
+  skipped, the walk goes on, as in the study; ``vllm_v1``: head-of-line). It reports what it refused
+  in ``view.refused`` at the next call, and schedules the policy's timers as events;
+- by default a policy is asked at every step. One that declares ``event_driven`` is asked only at
+  events (an arrival, a completion, the step after one that admitted, preempted or held) and at its
+  timers — unless the decision is ``steady`` (see :class:`Decision`: the steps up to its timer
+  repeat it) or, after a refused admission that left nothing running, ``repeat_if_refused``; the
+  clock and the decoded counts move on in skipped steps, so a decision that depends on them needs a
+  timer;
 - a policy that declares ``admission_only`` must never preempt or hold (the engine raises
-  :class:`PolicyContractError` if it does) and must decide from the view alone.
+  :class:`PolicyContractError` if it does) and must decide from the view alone; it is asked only
+  where an admission is possible.
 """
 
 from __future__ import annotations
@@ -145,24 +152,28 @@ class EngineView:
     The previous step (``prev_step_start_s``, ``prev_kv_used``: its start and the KV in use then) is
     the one just before this call, whether the policy was asked at it or the engine skipped it: a
     policy that let the engine skip steps reads what happened there instead of replaying them.
-    ``queue_version`` counts the changes of the waiting queue so far (see :meth:`queue_changes`).
+
+    ``refused``: ``(request, reason)`` for each proposal the engine refused at the last call, in
+    the order it walked them. A walk that stops (no sequence slot left; ``vllm_v1``'s head-of-line
+    rule) lists only the request it stopped at; under ``lssp`` the requests of a long proposal whose
+    prompt exceeds the KV room left are refused together, without a walk, listed as ``(-1, "kv")``.
     """
 
     __slots__ = ("model", "step", "now", "prev_step_start_s", "prev_kv_used", "running",
                  "arrival_s", "deadline_s", "input_tokens", "predicted_output_tokens", "priority",
-                 "kv_used", "n_requests", "refused", "queue_version", "_engine", "_waiting",
+                 "kv_used", "n_requests", "refused", "_queue_version", "_engine", "_waiting",
                  "_waiting_of")
 
     def __init__(self, engine: "_Engine"):
         self._engine = engine
         self.model = engine.model
-        self.arrival_s = engine.arrival_s
-        self.deadline_s = engine.deadline_s
-        self.input_tokens = engine.input_tokens
-        self.predicted_output_tokens = engine.predicted
-        self.priority = engine.priority
+        self.arrival_s = _read_only(engine.arrival_s)
+        self.deadline_s = _read_only(engine.deadline_s)
+        self.input_tokens = _read_only(engine.input_tokens)
+        self.predicted_output_tokens = _read_only(engine.predicted)
+        self.priority = _read_only(engine.priority)
         self.n_requests = engine.n
-        self.queue_version = 0
+        self._queue_version = 0         # the length of the engine's log of queue changes
         self._waiting, self._waiting_of = (), 0     # the queue as a tuple, and the version it shows
 
     def refresh(self):
@@ -170,7 +181,7 @@ class EngineView:
         self.step = e.step
         self.now, self.prev_step_start_s = e.clock()      # and the step before (run or skipped)
         self.prev_kv_used = e.prev_kv_used                # KV in use when it started
-        self.queue_version = len(e.queue_log)
+        self._queue_version = len(e.queue_log)
         self.running = tuple(e.running)
         self.kv_used = e.kv_used()
         self.refused = e.refused
@@ -180,28 +191,21 @@ class EngineView:
     def waiting(self) -> tuple:
         """The waiting requests, in the engine's queue order (built when first read at a call: the
         engines change their queue only after the decision's admissions are taken)."""
-        if self._waiting_of != self.queue_version:
+        if self._waiting_of != self._queue_version:
             e = self._engine
-            if len(e.queue_log) != self.queue_version:
+            if len(e.queue_log) != self._queue_version:
                 raise RuntimeError("engine bug: the queue changed before the policy's call was over")
-            self._waiting, self._waiting_of = tuple(e.waiting), self.queue_version
+            self._waiting, self._waiting_of = tuple(e.waiting), self._queue_version
         return self._waiting
 
     @property
     def decoded(self) -> np.ndarray:
-        """Tokens produced so far, per request (an int64 array, indexed by request id)."""
+        """Tokens produced so far, per request (a read-only int64 array, indexed by request id)."""
         return self._engine.decoded_array()
 
     def decoded_of(self, ids) -> list:
         """Tokens produced so far by each of ``ids`` (a list of ints; cheaper than ``decoded`` for a few)."""
         return self._engine.decoded_of(ids)
-
-    def queue_changes(self, since: int) -> list:
-        """The waiting queue's changes after its first ``since`` (``queue_version`` counts them all):
-        in order, ``i`` when request ``i`` joined the queue and ``~i`` (``-i - 1``) when it left it.
-        For a policy that keeps its own copy of the queue (a sorted one, say): remember
-        ``queue_version`` at each call and read what changed since, instead of comparing queues."""
-        return self._engine.queue_log[since:]
 
     @property
     def n_active(self) -> int:
@@ -209,13 +213,16 @@ class EngineView:
 
 
 class Policy:
-    """A scheduling policy. Subclasses set ``name`` and implement :meth:`schedule`.
+    """A scheduling policy. Subclasses set ``name`` and implement :meth:`schedule` (most policies
+    are an order of the waiting queue: see :class:`portbench.queue.KeyPolicy`).
 
     A policy may keep its own state across steps (reset in :meth:`reset`); it never changes the
-    engine. If its decision can change at a step with no arrival and no completion (a deadline-based
-    urgency threshold, a timer), it must say when through its decision's ``wake_at_s`` or
-    ``wake_after_steps``, or the engine will skip that step. ``portbench.testing.check_policy``
-    checks all of this on random windows under every engine model.
+    engine. By default the engine asks it at every step, which is exact whatever it does. The fast
+    path is opt-in: a policy that sets ``event_driven = True`` promises that its decision changes
+    only at an event (an arrival, a completion, a step after it admitted, preempted or held) or at
+    the timer its decision names (``wake_at_s``, ``wake_after_steps``), and the engine then skips
+    the steps in between. ``portbench.testing.check_policy`` checks the promise on random and real
+    windows under every engine model.
     """
 
     name: ClassVar[str] = ""
@@ -223,12 +230,28 @@ class Policy:
     #: view (no state kept across steps): an engine may then skip calling it at steps where no waiting
     #: request could be admitted whatever it answered. The event-skipping tests check the claim.
     admission_only: ClassVar[bool] = False
+    #: True when the decision changes only at events and at the decision's own timers (see above);
+    #: False (the default): the engine asks at every step (an ``admission_only`` policy excepted).
+    event_driven: ClassVar[bool] = False
 
     def reset(self, view: EngineView) -> None:
         """Called once before a run."""
 
     def schedule(self, view: EngineView) -> Decision:
         raise NotImplementedError
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    """A read-only view of ``a`` (the engine keeps writing through ``a`` itself)."""
+    v = a.view()
+    v.flags.writeable = False
+    return v
+
+
+def skips_steps(policy: Policy, event_skipping: bool) -> bool:
+    """Whether an engine may skip steps for ``policy``: it asked for it (``event_skipping``) and
+    the policy declared when its decisions change (``event_driven``) or that it only admits."""
+    return event_skipping and (policy.event_driven or policy.admission_only)
 
 
 def check_decision(policy: Policy, d: Decision) -> Decision:
@@ -301,6 +324,7 @@ class _Engine:
         self.priority = np.ones(n) if priority is None else np.asarray(priority, dtype=np.float64)
         self.visible = visible_steps(window.arrival_s, model.step_s).tolist()
         self.inp = window.input_tokens.tolist()
+        self._inp_array = np.asarray(window.input_tokens, dtype=np.int64)
         self.out = window.output_tokens.tolist()
         # Tokens produced, per request: exact for a request that is not running. A running one's count
         # is ``_tick - _base[i]``: ``_tick`` counts decode steps, and a held step moves the request's
@@ -341,7 +365,7 @@ class _Engine:
         tick, decoded = self._tick, self.decoded
         for i, b in self._base.items():
             decoded[i] = tick - b
-        return np.asarray(decoded, dtype=np.int64)
+        return _read_only(np.asarray(decoded, dtype=np.int64))
 
     def _first_done(self) -> int | None:
         """The tick at which the first running request emits its last token (None: nothing runs)."""
@@ -367,6 +391,7 @@ class _Engine:
         if n == 0:
             return
         self.step = self.visible[order[0]]
+        event_skipping = skips_steps(self.policy, event_skipping)
         lazy = event_skipping and self.policy.admission_only
         seq_cap = m.max_sequences
         visible = [self.visible[i] for i in order]      # in arrival order
@@ -462,32 +487,46 @@ class _Engine:
             waiting_set.add(i)            # (back at the queue's front once admissions are taken)
             self.n_preemptions += 1
         self.refused = ()
-        admitted = self._admit(d) if d.admit else False
+        admitted = self._admit(d) if d.admit is not None else False
         for i in d.preempt:
             self.waiting.insert(0, i)
             self.queue_log.append(i)
         return admitted
 
     def _admit(self, d: Decision) -> bool:
-        """The admissions of decision ``d``, taken lazily, under the engine's limits; True when
-        something was admitted. The queue itself changes only once all are taken."""
+        """The admissions of decision ``d``, taken lazily, under the study's rule: a proposed request
+        that does not fit (a sequence slot, its whole prompt in the KV room left) is skipped and the
+        walk goes on, until no sequence slot is left. True when something was admitted. The queue
+        itself changes only once all are taken."""
         m = self.model
         waiting_set = self._waiting_set
         preempt = d.preempt
         running, base, heap = self.running, self._base, self._done_heap
         inp, out, decoded = self.inp, self.out, self.decoded
-        seq_cap = m.max_sequences
+        seq_cap, n = m.max_sequences, self.n
         admitted, refused = [], []
-        for i in d.admit:
+        proposal = d.admit
+        if isinstance(proposal, np.ndarray) and len(proposal) > 32:
+            # a long proposal: a prompt that does not fit the KV room left now never will in this
+            # walk (the room only shrinks), so such requests are refused at once, not walked
+            if len(proposal) and not (0 <= proposal.min() and proposal.max() < n):
+                self._out_of_window(proposal)
+            fit = self._inp_array[proposal] <= m.max_kv_tokens - self._kv_running
+            if not fit.all():
+                refused.append((-1, "kv"))       # (not listed one by one: see EngineView.refused)
+                proposal = proposal[fit]
+            proposal = proposal.tolist()
+        for i in proposal:
             if preempt and i in preempt:
                 continue                  # a request evicted now is not re-admitted now
             if i not in waiting_set:
+                self._out_of_window([i])
                 raise PolicyContractError(f"policy {self.policy.name!r} admitted request {i} at step "
                                           f"{self.step}, which is not waiting")
-            # The engine's hard limits, checked in order (earlier admissions count at once); a
-            # request that does not fit is refused and the walk goes on.
+            # The engine's hard limits, checked in order (earlier admissions count at once).
             if len(running) + 1 > seq_cap:
                 refused.append((i, "seqs"))
+                break                     # no slot left: nothing further can be admitted
             elif self._kv_running + inp[i] > m.max_kv_tokens:
                 refused.append((i, "kv"))
             else:
@@ -511,6 +550,14 @@ class _Engine:
                 self.waiting = [i for i in self.waiting if i in waiting_set]
             self.queue_log.extend(~i for i in admitted)
         return bool(admitted)
+
+    def _out_of_window(self, ids) -> None:
+        """Raise PolicyContractError for the first id in ``ids`` that is not a request of the window."""
+        for i in ids:
+            if not (isinstance(i, (int, np.integer)) and 0 <= i < self.n):
+                raise PolicyContractError(f"policy {self.policy.name!r} admitted {i!r} at step "
+                                          f"{self.step}, which is not a request of the window "
+                                          f"(ids are 0 .. {self.n - 1})")
 
     def _decode(self, s: int, span: int, hold) -> None:
         """Steps ``s`` .. ``s + span - 1``: every running request not in ``hold`` gains a token a step;
@@ -581,16 +628,13 @@ class _Engine:
 
 
 def simulate(window: Window, policy: Policy, model=None, *, event_skipping: bool = True,
-             priority=None, verify: bool = False) -> RunResult:
+             priority=None) -> RunResult:
     """Replay ``window`` (already scaled) under ``policy`` on ``model`` (default: the study's).
 
-    ``verify=True`` also replays it step by step with a fresh copy of the policy and raises
-    :class:`PolicyContractError` naming the first request and step where the two differ.
+    To check a policy's promises on one run, :func:`portbench.testing.verified_run` replays it both
+    ways (the fast engine and the step-by-step loop) and names the first difference.
     """
     model = model or LsspModel()
-    if verify:
-        from .testing import verified_run
-        return verified_run(window, policy, model, priority=priority)
     engine = model.make_engine(window, policy, priority)
     engine.run(event_skipping=event_skipping)
     return engine.result(window)

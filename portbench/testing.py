@@ -1,17 +1,19 @@
 """Check a scheduling policy against the engine's contract: :func:`check_policy`.
 
-The engine skips steps in which nothing can change, and asks an ``admission_only`` policy only when
-an admission is possible. That is exact only if the policy tells the engine the truth (its timers,
-its flags). :func:`check_policy` replays random small windows under every engine model twice — with
-the fast path and walking every step, asking the policy at each — and requires identical results
-request by request; it also checks that the engine honoured every decision seen in the walk and that
-a second run gives the same result (no hidden randomness or leftover state)::
+For a policy that declares ``event_driven`` (or ``admission_only``; every key policy does), the
+engine skips steps in which nothing can change, and asks an ``admission_only`` policy only when an
+admission is possible. That is exact only if the policy tells the engine the truth (its timers, its
+flags). :func:`check_policy` replays random small windows, and a few real windows at high load,
+under every engine model twice — with the fast path and walking every step, asking the policy at
+each — and requires identical results request by request; it also checks that the engine honoured
+every decision seen in the walk and that a second run gives the same result (no hidden randomness
+or leftover state)::
 
     from portbench.testing import check_policy
     check_policy(MyPolicy)                      # raises PolicyContractError with the first difference
 
-``simulate(window, policy, model, verify=True)`` makes the same fast-versus-walk check for one run.
-The random windows need ``hypothesis`` (the project's ``dev`` extra).
+:func:`verified_run` makes the same fast-versus-walk check for one run. The random windows need
+``hypothesis`` (the project's ``dev`` extra).
 """
 
 from __future__ import annotations
@@ -102,6 +104,7 @@ class _Watcher(Policy):
         self.inner = inner
         self.name = inner.name
         self.admission_only = inner.admission_only
+        self.event_driven = inner.event_driven
         self._prev = None
 
     def reset(self, view):
@@ -186,14 +189,38 @@ def random_cases(engine_model: str):
     return cases[engine_model]
 
 
-def check_policy(policy_class, params: dict | None = None, *, engine_models=("lssp", "vllm_v1"),
-                 max_examples: int = 40, seed: int = 0) -> None:
-    """Check ``policy_class(**params)`` against the engine's contract on random windows.
+def real_cases(engine_model: str, n_windows: int = 2):
+    """(window, engine model) pairs from the shipped windows at the HIGH_PRESSURE load (the first
+    window of the first ``n_windows`` sources, at the study's base SLO), where queues run long: at
+    the λ_ref of ``data/results/lambda_ref_<engine>.csv`` when present, else calibrated here."""
+    import pandas as pd
 
-    Under each engine model, on ``max_examples`` random windows: the fast engine equals the
-    step-by-step loop request by request, the engine honoured every decision of the walk, and a
-    second run is identical. Raises :class:`PolicyContractError` naming the policy, the engine
-    model, the first diverging request and step, and the window (hypothesis shrinks it first).
+    from . import store
+    from .campaign import engine_model as make_model
+    from .regions import find_lambda_ref, region_factor
+    from .workload import with_slo
+
+    model = make_model(engine_model)
+    table = store.default_data_dir() / "results" / f"lambda_ref_{engine_model}.csv"
+    lam = pd.read_csv(table).set_index("window_id")["lambda_ref"] if table.exists() else {}
+    first = store.list_windows().groupby("source", sort=True).head(1)["window_id"].tolist()
+    cases = []
+    for wid in first[:n_windows]:
+        w = with_slo(store.load_window(wid), 20.0)
+        lam_ref = lam[wid] if wid in lam else find_lambda_ref(w, model=model).lambda_ref
+        cases.append((scale(w, lam_ref * region_factor("HIGH_PRESSURE")), model))
+    return cases
+
+
+def check_policy(policy_class, params: dict | None = None, *, engine_models=("lssp", "vllm_v1"),
+                 max_examples: int = 40, real_windows: int = 2, seed: int = 0) -> None:
+    """Check ``policy_class(**params)`` against the engine's contract on random and real windows.
+
+    Under each engine model, on ``max_examples`` random windows and on ``real_windows`` shipped
+    windows at high load (:func:`real_cases`): the fast engine equals the step-by-step loop request
+    by request, the engine honoured every decision of the walk, and a second run is identical.
+    Raises :class:`PolicyContractError` naming the policy, the engine model, the first diverging
+    request and step, and the window (hypothesis shrinks a random one first).
     """
     from hypothesis import HealthCheck, given, settings
     from hypothesis import seed as hypothesis_seed
@@ -204,18 +231,38 @@ def check_policy(policy_class, params: dict | None = None, *, engine_models=("ls
     if not policy_class.name:
         raise PolicyContractError(f"{policy_class.__qualname__} has no name")
 
+    def check(window, model, engine):
+        first = verified_run(window, policy_class(**params), model)
+        again = sim.simulate(window, policy_class(**params), model)
+        diff = first_difference(first, again)
+        if diff:
+            raise PolicyContractError(f"policy {policy_class.name!r} under {engine}: two runs of "
+                                      f"the same window differ (hidden state or randomness) — {diff}")
+
     for engine in engine_models:
         @hypothesis_seed(seed)
         @settings(max_examples=max_examples, deadline=None, database=None,
                   suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
         @given(case=random_cases(engine))
         def prop(case):
-            window, model = case
-            first = verified_run(window, policy_class(**params), model)
-            again = sim.simulate(window, policy_class(**params), model)
-            diff = first_difference(first, again)
-            if diff:
-                raise PolicyContractError(f"policy {policy_class.name!r} under {engine}: two runs of "
-                                          f"the same window differ (hidden state or randomness) — {diff}")
+            check(*case, engine)
 
-        prop()
+        try:
+            prop()
+        except BaseExceptionGroup as group:      # several distinct failures: report the first
+            raise _first_contract_error(group) from group
+        for window, model in (real_cases(engine, real_windows) if real_windows else []):
+            check(window, model, engine)
+
+
+def _first_contract_error(group: BaseExceptionGroup) -> BaseException:
+    """The first :class:`PolicyContractError` in a (nested) exception group, else the first error."""
+    flat = []
+    stack = [group]
+    while stack:
+        e = stack.pop(0)
+        if isinstance(e, BaseExceptionGroup):
+            stack[:0] = list(e.exceptions)
+        else:
+            flat.append(e)
+    return next((e for e in flat if isinstance(e, PolicyContractError)), flat[0])

@@ -10,6 +10,7 @@ import pytest
 from portbench import metrics, sim
 from portbench.engine_v1 import StepCost, VllmV1Model
 from portbench.sim import Decision, Policy
+from portbench.testing import verified_run
 from portbench.workload import make_window
 
 # Request 0 arrives at 0 and runs; request 1 arrives at 5 ms; at the first step with both running the
@@ -19,6 +20,7 @@ WINDOW = make_window("contract", "test", [0.0, 0.005], [8, 8], [20, 3], [20, 3])
 
 class PreemptFirstOnce(Policy):
     name = "preempt_first_once"
+    event_driven = True
 
     def reset(self, view):
         self.done = False
@@ -36,7 +38,7 @@ MODELS = [sim.LsspModel(drain_s=1.0),
 
 @pytest.mark.parametrize("model", MODELS, ids=lambda m: m.name)
 def test_a_preempted_request_keeps_its_first_admission_and_first_token(model):
-    r = sim.simulate(WINDOW, PreemptFirstOnce(), model, verify=True)
+    r = verified_run(WINDOW, PreemptFirstOnce(), model)
     assert r.n_preemptions == 1 and r.completed.all()
     # request 0: admitted at t = 0, first token at the end of its first step (1 ms), both kept
     assert r.admit_s[0] == 0.0

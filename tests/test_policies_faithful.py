@@ -26,6 +26,7 @@ class Recorder(sim.Policy):
     def __init__(self, inner):
         self.inner = inner
         self.name = inner.name
+        self.event_driven, self.admission_only = inner.event_driven, inner.admission_only
         self.decisions = {}
         self.states = {}
         self.steady = set()         # steps whose decision was steady

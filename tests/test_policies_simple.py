@@ -102,35 +102,27 @@ def test_llf_ties_on_laxity_break_on_deadline_then_priority():
     np.testing.assert_allclose(r.admit_s, np.array([2, 1, 0]) * MS)
 
 
-def test_llf_ranks_a_long_queue_in_the_exact_key_order_across_its_chunks():
+def test_llf_ranks_a_long_queue_in_the_exact_key_order():
     # Many near-ties of deadline - est (equal up to rounding, and exactly equal), a `now` that makes
-    # (d - now) - est round differently from (d - est) - now, small chunks: the chunks, concatenated,
-    # are the exact (lax, d, -priority, id) order of the whole queue.
+    # (d - now) - est round differently from (d - est) - now: the ranked queue is the exact
+    # (lax, d, -priority, id) order of the study's scalar formula, ties in queue order.
     from types import SimpleNamespace
 
     from portbench.policies.least_laxity_first import LeastLaxityFirst
     rng = np.random.default_rng(3)
     n = 3000
-    est = rng.integers(0, 40, n) * 0.5 + 0.5 * rng.integers(1, 8, n)
+    prompts = rng.integers(1, 80, n)
+    outputs = rng.integers(1, 8, n)
+    est = 0.5 * prompts + outputs
     d = est + rng.choice([0.1, 0.2, 0.30000000000000004, 0.3, 1 / 3, 7.0], n) + rng.integers(0, 3, n)
     prio = rng.choice([1.0, 2.0], n)
-    prompts = (2 * (est - 0.5 * rng.integers(1, 8, n))).astype(np.int64).clip(1)
+    now = 0.1 + 1e-9
+    waiting = tuple(rng.permutation(n)[:2500].tolist())
     view = SimpleNamespace(n_requests=n, deadline_s=d, priority=prio, input_tokens=prompts,
-                           predicted_output_tokens=np.zeros(n, dtype=np.int64), now=0.1 + 1e-9)
-    p = LeastLaxityFirst()
-    p.reset(view)
-    p._est = est                                      # the estimates above, exactly
-    base = d - est
-    order = np.lexsort((np.arange(n), -prio, d, base))
-    p._rank[order] = np.arange(n)
-    p._base_by_rank = base[order]
-    waiting = rng.permutation(n)[:2500]
-    ids = waiting[np.argsort(p._rank[waiting])]
-    chunks = list(p._exact_chunks(view, ids, p._rank[ids], head=5))
-    assert len(chunks) > 5
-    lax = (d[waiting] - view.now) - est[waiting]
-    exact = waiting[np.lexsort((waiting, -prio[waiting], d[waiting], lax))]
-    np.testing.assert_array_equal(np.concatenate(chunks), exact)
+                           predicted_output_tokens=outputs, now=now, waiting=waiting)
+    exact = sorted(waiting, key=lambda i: ((float(d[i]) - now) - (0.5 * int(prompts[i]) + 1.0 * int(outputs[i])),
+                                           float(d[i]), -float(prio[i]), i))
+    np.testing.assert_array_equal(LeastLaxityFirst().ranked(view), exact)
 
 
 # --- estimated_service_time_first and weighted_fair_share ---------------------------------------
@@ -218,10 +210,36 @@ def test_kv_constrained_urgent_first_and_bypasses_the_cap():
 @pytest.mark.parametrize("model", [sim.LsspModel(max_kv_tokens=20_000, max_active_sequences=16),
                                    VllmV1Model(max_kv_tokens=20_000, max_active_sequences=16)],
                          ids=["lssp", "vllm_v1"])
-def test_kv_constrained_short_queue_path_equals_the_numpy_one(model, monkeypatch):
-    # Queues up to SHORT_QUEUE long are ranked and walked in plain Python: every queue through
-    # either path must give the same run, request by request.
+def test_kv_constrained_walk_equals_its_rule_written_plainly(model):
+    # The policy ranks and walks in numpy, a segment at a time; the rule of its docstring written
+    # element by element in plain Python (the reference below) must give the same run.
+    from portbench.policies._common import estimate_s
     from portbench.policies.kv_constrained_online import KvConstrainedOnline
+
+    class Plain(KvConstrainedOnline):
+        name = "kv_constrained_plain"
+
+        def schedule(self, view):
+            d, prio, p, o = view.deadline_s, view.priority, view.input_tokens, view.predicted_output_tokens
+            lax = {i: (float(d[i]) - view.now) - float(estimate_s(float(p[i]), float(o[i]), self.alpha,
+                                                                 self.beta, self.estimate_unit_s))
+                   for i in view.waiting}
+            cost = {i: (float(p[i]) + 0.25 * float(o[i])) / max(float(prio[i]), 1e-9) for i in view.waiting}
+            urgent = self.urgent_laxity_seconds
+            ranked = sorted(lax, key=lambda i: (lax[i] > urgent, cost[i], lax[i], i))
+            m, active, kv = view.model, view.n_active, view.kv_used
+            admitted = []          # (no timer: this reference is asked at every step)
+            for i in ranked:
+                if active + 1 > m.max_sequences:
+                    break
+                if kv + int(p[i]) > m.max_kv_tokens:
+                    continue
+                if (kv + int(p[i])) / max(m.max_kv_tokens, 1) <= self.target_kv_utilization or lax[i] <= urgent:
+                    admitted.append(i)
+                    active += 1
+                    kv += int(p[i])
+            return sim.Decision(admit=admitted)
+
     rng = np.random.default_rng(3)
     for seed in range(4):
         n = 120
@@ -229,10 +247,8 @@ def test_kv_constrained_short_queue_path_equals_the_numpy_one(model, monkeypatch
         w = make_window(f"k{seed}", "test", np.sort(rng.uniform(0, 2.0, n)), rng.integers(10, 3000, n),
                         out, np.maximum(1, (out * rng.uniform(0.5, 1.5, n)).astype(int)),
                         slo_multiplier=float(rng.choice([5.0, 20.0])))
-        runs = []
-        for short in (0, 10 ** 9):
-            monkeypatch.setattr(KvConstrainedOnline, "SHORT_QUEUE", short)
-            runs.append(sim.simulate(w, make_policy("kv_constrained_online"), model))
+        runs = [sim.simulate(w, make_policy("kv_constrained_online"), model),
+                sim.simulate(w, Plain(), model, event_skipping=False)]
         for name in ("admit_s", "first_token_s", "finish_s"):
             np.testing.assert_array_equal(getattr(runs[0], name), getattr(runs[1], name))
 

@@ -9,8 +9,9 @@ import pytest
 from portbench import sim
 from portbench.engine_v1 import VllmV1Model
 from portbench.policies import available, make_policy
+from portbench.queue import WaitingOrder
 from portbench.sim import Decision, Policy, PolicyContractError
-from portbench.testing import check_policy
+from portbench.testing import check_policy, verified_run
 from portbench.workload import make_window
 
 MODELS = [sim.LsspModel(drain_s=2.0), VllmV1Model(drain_s=2.0)]
@@ -25,6 +26,7 @@ class PreemptOnce(Policy):
     """Admits in arrival order and, once, preempts the oldest running request — with no timer."""
 
     name = "preempt_once"
+    event_driven = True
 
     def reset(self, view):
         self.done = False
@@ -41,10 +43,10 @@ def test_a_preemption_without_a_timer_ends_the_stretch(model):
     # A long request runs alone for a while, a second arrives; the preempted one must be re-admitted
     # at once (next step) and finish, on the fast path as walking every step.
     w = make_window("w", "test", [0.0, 0.005], [10, 10], [40, 5], [40, 5])
-    fast = sim.simulate(w, PreemptOnce(), model, verify=True)
+    fast = verified_run(w, PreemptOnce(), model)
     assert fast.n_preemptions == 1
     assert fast.completed.all()
-    check_policy(PreemptOnce, max_examples=25)
+    check_policy(PreemptOnce, max_examples=25, real_windows=0)
 
 
 class ForgetfulTimer(Policy):
@@ -71,10 +73,10 @@ def test_a_missing_timer_is_caught_with_the_request_and_step(model):
     w = make_window("w", "test", [0.0], [10], [5], [5])
     with pytest.raises(PolicyContractError, match=r"request 0 .*admitted never on the fast path but at "
                                                   r"[0-9.]+ s \(step \d+\) walking every step"):
-        sim.simulate(w, ForgetfulTimer(), model, verify=True)
-    r = sim.simulate(w, HonestTimer(), model, verify=True)
+        verified_run(w, ForgetfulTimer(), model)
+    r = verified_run(w, HonestTimer(), model)
     assert r.admit_s[0] >= 0.02
-    check_policy(HonestTimer, max_examples=25)
+    check_policy(HonestTimer, max_examples=25, real_windows=0)
 
 
 class HoldsButSaysAdmissionOnly(Policy):
@@ -98,6 +100,7 @@ class HoldsTheOldest(Policy):
     whatever arrives, until the 20 ms are up: a steady decision with that timer."""
 
     name = "holds_the_oldest"
+    event_driven = True
     timer = True
     hold_s = 0.02
 
@@ -120,6 +123,7 @@ class AdmitsSteadily(Policy):
     """Claims a steady answer while admitting whatever waits: an arrival changes the answer."""
 
     name = "admits_steadily"
+    event_driven = True
 
     def schedule(self, view):
         return Decision(admit=list(view.waiting), steady=True)
@@ -129,10 +133,10 @@ class AdmitsSteadily(Policy):
 def test_a_steady_hold_is_skipped_over_and_a_false_claim_is_caught(model):
     # request 0 is held for 20 ms while 1 and 2 arrive (not admitted meanwhile); then all run
     w = make_window("w", "test", [0.0, 0.004, 0.008], [10, 10, 10], [30, 5, 5], [30, 5, 5])
-    r = sim.simulate(w, HoldsTheOldest(), model, verify=True)
+    r = verified_run(w, HoldsTheOldest(), model)
     assert r.completed.all()
     assert (r.admit_s[1:] >= 0.02).all()
-    check_policy(HoldsTheOldest, max_examples=30)
+    check_policy(HoldsTheOldest, max_examples=30, real_windows=0)
 
 
 @pytest.mark.parametrize("model", MODELS, ids=lambda m: m.name)
@@ -140,9 +144,9 @@ def test_a_false_steady_claim_is_caught(model):
     # lssp skips the steps a steady decision covers; vllm_v1 walks them without asking the policy
     w = make_window("w", "test", [0.0, 0.004, 0.008], [10, 10, 10], [30, 5, 5], [30, 5, 5])
     with pytest.raises(PolicyContractError, match=r"request 1 .*admitted never on the fast path .*steady"):
-        sim.simulate(w, HoldsTheOldestWithoutTimer(), model, verify=True)
+        verified_run(w, HoldsTheOldestWithoutTimer(), model)
     with pytest.raises(PolicyContractError, match="admits_steadily.*differ"):
-        check_policy(AdmitsSteadily, max_examples=30)
+        check_policy(AdmitsSteadily, max_examples=30, real_windows=0)
 
 
 class CountedHolds(HoldsTheOldest):
@@ -176,6 +180,7 @@ class HoldsWhileCrowded(Policy):
     answer changes only when the other one completes, which ends the stretch."""
 
     name = "holds_while_crowded"
+    event_driven = True
 
     def schedule(self, view):
         if len(view.running) >= 2:
@@ -188,6 +193,7 @@ class OneAtATime(Policy):
     with no timer: the answer changes when that one completes (in a pure-decode stretch)."""
 
     name = "one_at_a_time"
+    event_driven = True
 
     def schedule(self, view):
         if view.running:
@@ -199,7 +205,7 @@ class OneAtATime(Policy):
 @pytest.mark.parametrize("policy", [HoldsWhileCrowded, OneAtATime], ids=lambda p: p.name)
 def test_a_completion_ends_a_steady_stretch(model, policy):
     w = make_window("w", "test", [0.0, 0.0, 0.001], [10, 600, 20], [30, 40, 10], [30, 40, 10])
-    r = sim.simulate(w, policy(), model, verify=True)
+    r = verified_run(w, policy(), model)
     assert r.completed.all()
 
 
@@ -232,13 +238,14 @@ class CountsCalls(Policy):
 
 def test_check_policy_names_a_stateful_admission_only_policy():
     with pytest.raises(PolicyContractError, match="counts_calls.*differ"):
-        check_policy(CountsCalls, max_examples=40)
+        check_policy(CountsCalls, max_examples=40, real_windows=0)
 
 
 @pytest.mark.parametrize("model", MODELS, ids=lambda m: m.name)
 def test_admitting_a_request_that_is_not_waiting_is_an_error(model):
     class AdmitsTwice(Policy):
         name = "admits_twice"
+        event_driven = True
 
         def schedule(self, view):
             return Decision(admit=list(view.waiting) + list(view.running))
@@ -255,6 +262,7 @@ class HoldsWhileRefused(Policy):
     short one goes first, and fits) — which it claims with repeat_if_refused."""
 
     name = "holds_while_refused"
+    event_driven = True
     release_s = 0.3
     timer = True
 
@@ -284,7 +292,7 @@ def test_vllm_v1_skips_the_steps_after_a_refusal_that_change_nothing():
     w = make_window("w", "test", [0.0, 0.004, 0.05], [40, 40, 10], [5, 5, 5], [5, 5, 5])
     model = VllmV1Model(max_kv_tokens=64, drain_s=2.0)
     fast, walked = HoldsWhileRefused(), HoldsWhileRefused()
-    a = sim.simulate(w, fast, model, verify=True)
+    a = verified_run(w, fast, model)
     b = sim.simulate(w, walked, model, event_skipping=False)
     for x, y in [(a.admit_s, b.admit_s), (a.first_token_s, b.first_token_s), (a.finish_s, b.finish_s)]:
         np.testing.assert_array_equal(x, y)
@@ -292,7 +300,7 @@ def test_vllm_v1_skips_the_steps_after_a_refusal_that_change_nothing():
     assert fast.calls < walked.calls / 4
     # without the timer the claim is false: the answer changes at 300 ms, unannounced
     with pytest.raises(PolicyContractError, match="holds_while_refused_without_timer.*differ"):
-        sim.simulate(w, HoldsWhileRefusedWithoutTimer(), model, verify=True)
+        verified_run(w, HoldsWhileRefusedWithoutTimer(), model)
 
 
 def test_a_refusal_while_requests_run_is_not_skipped_over():
@@ -306,13 +314,14 @@ def test_a_refusal_while_requests_run_is_not_skipped_over():
             return Decision(admit=d.admit, wake_at_s=d.wake_at_s, repeat_if_refused=True)
 
     w = make_window("w", "test", [0.0, 0.004, 0.05], [40, 40, 10], [20, 5, 5], [20, 5, 5])
-    r = sim.simulate(w, ClaimsWithoutHolding(), VllmV1Model(max_kv_tokens=64, drain_s=2.0), verify=True)
+    r = verified_run(w, ClaimsWithoutHolding(), VllmV1Model(max_kv_tokens=64, drain_s=2.0))
     assert r.completed.all()
 
 
 def test_a_repeat_if_refused_decision_may_not_preempt():
     class PreemptsOnRefusal(Policy):
         name = "preempts_on_refusal"
+        event_driven = True
 
         def schedule(self, view):
             return Decision(admit=list(view.waiting), preempt=list(view.running), repeat_if_refused=True)
@@ -325,6 +334,7 @@ def test_a_repeat_if_refused_decision_may_not_preempt():
 def test_holding_a_request_outside_the_window_is_an_error():
     class HoldsAStranger(Policy):
         name = "holds_a_stranger"
+        event_driven = True
 
         def schedule(self, view):
             return Decision(admit=list(view.waiting), hold=frozenset([7]) if view.running else frozenset())
@@ -339,6 +349,7 @@ class HoldsInOneSet(Policy):
     on odd calls, and nobody on even ones: an engine must read the set anew at each step."""
 
     name = "holds_in_one_set"
+    event_driven = True
 
     def reset(self, view):
         self.calls, self.held = 0, set()
@@ -362,7 +373,7 @@ class HoldsInNewSets(HoldsInOneSet):
 @pytest.mark.parametrize("model", MODELS, ids=lambda m: m.name)
 def test_a_hold_set_changed_in_place_is_read_anew(model):
     w = make_window("w", "test", [0.0, 0.001, 0.002, 0.003], [10, 20, 30, 40], [9, 7, 5, 3], [9, 7, 5, 3])
-    one = sim.simulate(w, HoldsInOneSet(), model, verify=True)
+    one = verified_run(w, HoldsInOneSet(), model)
     new = sim.simulate(w, HoldsInNewSets(), model)
     never = sim.simulate(w, make_policy("fifo"), model)
     assert one.completed.all()
@@ -377,6 +388,7 @@ def test_refusals_are_reported_to_the_policy(model):
 
     class Greedy(Policy):
         name = "greedy"
+        event_driven = True
 
         def schedule(self, view):
             seen.append(view.refused)
@@ -393,7 +405,7 @@ def test_refusals_are_reported_to_the_policy(model):
 def test_the_drain_bound_is_in_seconds_on_both_engines():
     w = make_window("w", "test", [0.0], [10], [10_000], [10_000])
     for model in (sim.LsspModel(drain_s=0.5), VllmV1Model(drain_s=0.5)):
-        r = sim.simulate(w, make_policy("fifo"), model, verify=True)
+        r = verified_run(w, make_policy("fifo"), model)
         assert not r.completed.any()
         assert r.duration_s < 0.5 <= r.duration_s + model.longest_quiet_step_s
 
@@ -411,25 +423,22 @@ def test_the_policy_registry_does_not_load_llvmlite():
 
 
 class KeepsItsOwnQueue(Policy):
-    """Keeps its own copy of the queue from ``view.queue_changes`` alone, checks it against
-    ``view.waiting``, admits in that copy's (id) order and now and then preempts; its admissions are
-    taken lazily, and it reads ``view.waiting`` only after the engine has taken its first one.
-    With four requests running it preempts the newest that was never preempted."""
+    """Keeps the queue sorted by id across calls with :class:`portbench.queue.WaitingOrder` (which
+    follows the engine's log of the queue's changes), checks it against ``view.waiting``, admits in
+    that order and now and then preempts; its admissions are taken lazily, and it reads
+    ``view.waiting`` only after the engine has taken its first one. With four requests running it
+    preempts the newest that was never preempted."""
 
     name = "keeps_its_own_queue"
+    event_driven = True
 
     def reset(self, view):
-        self.queue, self.seen, self.late_reads, self.preempted = set(), view.queue_version, 0, set()
+        self.order, self.late_reads, self.preempted = WaitingOrder(), 0, set()
+        self.ids = np.arange(view.n_requests, dtype=np.int64)
 
     def schedule(self, view):
-        for c in view.queue_changes(self.seen):
-            if c >= 0:
-                assert c not in self.queue, f"request {c} joined twice"
-                self.queue.add(c)
-            else:
-                self.queue.remove(~c)
-        self.seen = view.queue_version
-        at_call = set(self.queue)
+        at_call = list(self.order.get(view, self.ids).ids)
+        assert at_call == sorted(view.waiting), "the sorted queue lost track of the engine's"
         # with four running, the newest admission goes back once (a rule of the view: no timer)
         fresh = [i for i in view.running if i not in self.preempted]
         preempt = fresh[-1:] if len(view.running) >= 4 else []
@@ -437,12 +446,12 @@ class KeepsItsOwnQueue(Policy):
 
         def admissions():
             first = True
-            for i in sorted(at_call):
+            for i in at_call:
                 yield i
                 if first:
                     first = False
                     # the engine is now taking admissions: the view still shows the call's queue
-                    assert set(view.waiting) == at_call, "view.waiting changed during the call"
+                    assert sorted(view.waiting) == at_call, "view.waiting changed during the call"
                     self.late_reads += 1
 
         return Decision(admit=admissions(), preempt=preempt)
@@ -457,4 +466,4 @@ def test_the_queue_log_replays_to_the_queue(model):
     policy = KeepsItsOwnQueue()
     r = sim.simulate(w, policy, model)
     assert r.n_preemptions > 0 and policy.late_reads > 0
-    check_policy(KeepsItsOwnQueue, max_examples=15)
+    check_policy(KeepsItsOwnQueue, max_examples=15, real_windows=0)

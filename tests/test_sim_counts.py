@@ -21,6 +21,7 @@ from portbench.workload import make_window
 
 class RandomTally(Policy):
     name = "random_tally"
+    event_driven = True
 
     def __init__(self, seed):
         self.rng = random.Random(seed)
@@ -35,12 +36,12 @@ class RandomTally(Policy):
 
     def _account(self, view):
         step, ran, preempted = self.prev
-        refused = {i for i, _ in view.refused}
+        still_waiting = set(view.waiting)      # proposed but not admitted (refused, or never walked)
         out = self._out
         for i in preempted:
             self.count[i] = 0
         for i in ran:
-            if i in refused:
+            if i in still_waiting:
                 continue
             c = self.count.get(i, 0)
             # a stretch ends with its first completion, so every one that ran did so at each step
@@ -95,7 +96,7 @@ def test_token_counts_follow_holds_preemptions_and_skips(seed, event_skipping):
                      event_skipping=event_skipping)
     assert policy.calls > 20
     # the steps after the last call: the run ended at step n_steps
-    policy._account(SimpleNamespace(step=r.n_steps, refused=policy.view._engine.refused))
+    policy._account(SimpleNamespace(step=r.n_steps, waiting=policy.view._engine.waiting))
     done = np.flatnonzero(r.completed)
     assert len(done) > 5
     for i in done:

@@ -7,7 +7,7 @@ index of eviction keys finds the last request that may evict."""
 import numpy as np
 import pytest
 
-from portbench.policies.vllm_priority import WaitingOrder
+from portbench.queue import WaitingOrder
 
 
 class FakeEngine:
@@ -15,7 +15,7 @@ class FakeEngine:
 
     def __init__(self, n):
         self.waiting, self.queue_log, self.n_requests = [], [], n
-        self.queue_version = 0
+        self._engine, self._queue_version = self, 0
 
     def join(self, i, front=False):
         self.waiting.insert(0, i) if front else self.waiting.append(i)
@@ -26,11 +26,8 @@ class FakeEngine:
         self.queue_log.append(~i)
 
     def view(self):                      # what EngineView.refresh shows
-        self.queue_version = len(self.queue_log)
+        self._queue_version = len(self.queue_log)
         return self
-
-    def queue_changes(self, since):
-        return self.queue_log[since:]
 
 
 def sorted_from_scratch(queue, key, ekey):

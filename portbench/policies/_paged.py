@@ -38,6 +38,8 @@ class Admission(NamedTuple):
 class PagedPolicy(Policy):
     """A policy with a block manager (``_bm``) and shadow prefill (``_rem``) over tracked requests."""
 
+    event_driven = True     # each subclass names its timers (see its docstring)
+
     def __init__(self, max_num_seqs: int, block_size: int, watermark: float):
         self.max_num_seqs = max_num_seqs
         self.block_size = block_size

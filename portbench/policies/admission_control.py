@@ -2,19 +2,20 @@
 
 import math
 
-from ..sim import Decision, Policy
+from ..queue import KeyPolicy
+from ..sim import Decision
 from . import register
-from ._common import ALPHA, BETA, ESTIMATE_UNIT_S, admissions_in_order, estimate_s
+from ._common import ALPHA, BETA, ESTIMATE_UNIT_S, estimate_s
 
 
 @register
-class AdmissionControl(Policy):
+class AdmissionControl(KeyPolicy):
     """Laxity-filtered, laxity-ordered admission.
 
     ``est_s = (alpha*P + beta*O) * estimate_unit_s`` seconds and ``lax = (d - now) - est_s``. A request is a
     candidate if ``lax >= -laxity_threshold``; with the default ``inf`` nothing is filtered. Key
-    ``(lax, -priority, est_s, deadline, id)`` ascending. Hard limits only. No state; ``now`` cancels
-    within a step, and the filter can only remove candidates over time, so there is no timer.
+    ``(lax, -priority, est_s, deadline, id)`` ascending. ``now`` cancels within a step, and the
+    filter can only remove candidates over time, so there is no timer.
 
     laxity_threshold: seconds of negative laxity tolerated (inf).
     estimate_unit_s: seconds per unit of the estimate (the study's 1 ms step).
@@ -22,7 +23,6 @@ class AdmissionControl(Policy):
     """
 
     name = "admission_control"
-    admission_only = True
 
     def __init__(self, laxity_threshold: float = math.inf, estimate_unit_s: float = ESTIMATE_UNIT_S,
                  alpha: float = ALPHA, beta: float = BETA):
@@ -31,16 +31,17 @@ class AdmissionControl(Policy):
         self.alpha = alpha
         self.beta = beta
 
+    def laxity(self, view, ids):
+        est_s = estimate_s(view.input_tokens[ids].astype(float), view.predicted_output_tokens[ids]
+                           .astype(float), self.alpha, self.beta, self.estimate_unit_s)
+        return (view.deadline_s[ids] - view.now) - est_s, est_s
+
+    def key(self, view, ids):
+        lax, est_s = self.laxity(view, ids)
+        return lax, -view.priority[ids], est_s, view.deadline_s[ids], ids
+
     def schedule(self, view):
-        now = view.now
-        d, p, o, prio = view.deadline_s, view.input_tokens, view.predicted_output_tokens, view.priority
-        floor = -self.laxity_threshold
-        keyed = []
-        for i in view.waiting:
-            di = float(d[i])
-            est_s = estimate_s(int(p[i]), int(o[i]), self.alpha, self.beta, self.estimate_unit_s)
-            lax = (di - now) - est_s
-            if lax >= floor:
-                keyed.append(((lax, -float(prio[i]), est_s, di, i), i))
-        keyed.sort(key=lambda t: t[0])
-        return Decision(admit=admissions_in_order(view, [i for _, i in keyed]))
+        ranked = self.ranked(view)
+        if self.laxity_threshold == math.inf:
+            return Decision(admit=ranked)
+        return Decision(admit=ranked[self.laxity(view, ranked)[0] >= -self.laxity_threshold])

@@ -1,22 +1,15 @@
-"""``edf``: earliest SLO deadline first; a request that does not fit is skipped and the walk goes on."""
+"""``edf``: earliest SLO deadline first."""
 
-from ..sim import Decision, Policy
+from ..queue import KeyPolicy
 from . import register
-from ._common import admissions_in_order
 
 
 @register
-class Edf(Policy):
-    """Earliest deadline first.
-
-    Ranks the waiting queue by deadline alone with a stable sort, so equal deadlines keep queue
-    (arrival) order. Hard limits only; no state and no use of ``now``, hence no timer.
-    """
+class Edf(KeyPolicy):
+    """Earliest deadline first; equal deadlines keep the queue's (arrival) order. No state and no
+    use of ``now``."""
 
     name = "edf"
-    admission_only = True
 
-    def schedule(self, view):
-        d = view.deadline_s
-        ranked = sorted(view.waiting, key=lambda i: float(d[i]))
-        return Decision(admit=admissions_in_order(view, ranked))
+    def key(self, view, ids):
+        return view.deadline_s[ids]

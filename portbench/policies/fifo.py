@@ -1,14 +1,17 @@
-"""``fifo``: arrival order; a request that does not fit is skipped and the walk goes on."""
+"""``fifo``: the engine's queue as it stands (arrival order, preempted requests in front)."""
 
 from ..sim import Decision, Policy
 from . import register
-from ._common import admissions_in_order
 
 
 @register
 class Fifo(Policy):
+    """First come, first served: proposes the waiting queue in its order; the engine model decides
+    what happens to a request that does not fit (skipped under ``lssp``, head-of-line under
+    ``vllm_v1``)."""
+
     name = "fifo"
     admission_only = True
 
     def schedule(self, view):
-        return Decision(admit=admissions_in_order(view, view.waiting))
+        return Decision(admit=view.waiting)

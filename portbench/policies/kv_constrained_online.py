@@ -33,8 +33,6 @@ class KvConstrainedOnline(Policy):
 
     #: Weight of the predicted output in the ranking's KV cost (fixed in the study).
     KV_COST_OUTPUT_WEIGHT = 0.25
-    #: Queues up to this long are ranked and walked in plain Python (numpy's overhead dominates there).
-    SHORT_QUEUE = 16
 
     def __init__(self, estimate_unit_s: float = ESTIMATE_UNIT_S, alpha: float = ALPHA, beta: float = BETA,
                  target_kv_utilization: float = 0.82, urgent_laxity_seconds: float = 0.25):
@@ -45,19 +43,13 @@ class KvConstrainedOnline(Policy):
         self.urgent_laxity_seconds = urgent_laxity_seconds
 
     def reset(self, view):
-        # per-request constants, the scalar formulas above element by element
+        # per-request constants
         p = view.input_tokens.astype(np.float64)
         o = view.predicted_output_tokens.astype(np.float64)
         self._est = estimate_s(p, o, self.alpha, self.beta, self.estimate_unit_s)
         self._kv_cost = p + self.KV_COST_OUTPUT_WEIGHT * o
-        # the same, as Python floats, for a short queue (the same IEEE operations, element by element)
-        self._lists = (np.asarray(view.deadline_s, dtype=np.float64).tolist(), self._est.tolist(),
-                       (self._kv_cost / np.maximum(np.asarray(view.priority, dtype=np.float64), 1e-9)).tolist(),
-                       view.input_tokens.tolist())
 
     def schedule(self, view):
-        if len(view.waiting) <= self.SHORT_QUEUE:
-            return self._schedule_short(view)
         now, d, prio = view.now, view.deadline_s, view.priority
         urgent_lax = self.urgent_laxity_seconds
         w = np.fromiter(view.waiting, dtype=np.int64, count=len(view.waiting))
@@ -68,31 +60,6 @@ class KvConstrainedOnline(Policy):
         admitted, capped = self._walk(view, ranked, urgent)
         # each capped request becomes urgent once (d - now) - est <= urgent_lax
         wake = float(((d[capped] - self._est[capped]) - urgent_lax).min()) if len(capped) else NEVER
-        return Decision(admit=admitted, wake_at_s=wake)
-
-    def _schedule_short(self, view):
-        """:meth:`schedule` for a short queue, in plain Python: the same keys, walk and timer."""
-        d, est, cost, prompt = self._lists
-        now, urgent_lax, target = view.now, self.urgent_laxity_seconds, self.target_kv_utilization
-        lax = {i: (d[i] - now) - est[i] for i in view.waiting}
-        ranked = sorted(lax, key=lambda i: (lax[i] > urgent_lax, cost[i], lax[i], i))
-        m = view.model
-        max_kv = max(m.max_kv_tokens, 1)
-        seq_cap = m.max_sequences
-        active, kv = view.n_active, view.kv_used
-        admitted, wake = [], NEVER
-        for i in ranked:
-            if active + 1 > seq_cap:
-                break
-            need = kv + prompt[i]
-            if need > m.max_kv_tokens:
-                continue
-            if need / max_kv <= target or lax[i] <= urgent_lax:
-                admitted.append(i)
-                active += 1
-                kv += prompt[i]
-            else:                               # capped: it becomes urgent at d - est - urgent_lax
-                wake = min(wake, (d[i] - est[i]) - urgent_lax)
         return Decision(admit=admitted, wake_at_s=wake)
 
     def _walk(self, view, ranked, urgent):

@@ -50,6 +50,7 @@ class ScorpioStyleSloGuard(Policy):
     """
 
     name = "scorpio_style_slo_guard"
+    event_driven = True
 
     #: Laxity (s) below which a long-decode request passes the filter of step 5 (fixed in the study).
     LONG_DECODE_UNLOCK_LAXITY_S = 0.5

@@ -15,31 +15,29 @@ by default there.
 In portbench: a request is a recovery request when it has generated a token (``view.decoded > 0``;
 the ``vllm_v1`` engine keeps emitted tokens across its preemptions; one preempted before its first
 token cannot be told from a fresh one and keeps its lane); within a lane, the engine's queue order
-(arrival, preempted requests in front). Admission walks lanes in that order (misfits skipped under
-``lssp``, head-of-line under ``vllm_v1``). No preemption.
+(arrival, preempted requests in front). The engine model decides what happens to a request that
+does not fit (skipped under ``lssp``, head-of-line under ``vllm_v1``). No preemption.
 
-Aging changes the order with the clock alone, yet no timer is needed: the decision is a pure
-function of the view and only admits, and a step the engine skips is one in which no waiting
-request can be admitted whatever the order.
+Aging changes the order with the clock alone, yet no timer is needed: a key policy only admits, from
+the view alone, and a step the engine skips is one in which no waiting request can be admitted
+whatever the order.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..sim import Decision, Policy
+from ..queue import KeyPolicy
 from . import register
-from ._common import admissions_in_order
 
 IMMEDIATE, AGED_LONG, SHORT, LONG = range(4)
 
 
 @register
-class ShortRequestFirst(Policy):
+class ShortRequestFirst(KeyPolicy):
     """Short/long prompt lanes, recovery lane first, long requests promoted after a maximum wait."""
 
     name = "short_request_first"
-    admission_only = True
 
     def __init__(self, threshold: int = 256, long_max_wait_s: float = 2.0):
         if not threshold >= 0:
@@ -50,7 +48,7 @@ class ShortRequestFirst(Policy):
         self.threshold = threshold
         self.long_max_wait_s = float(long_max_wait_s)
 
-    def lanes(self, view, w) -> np.ndarray:
+    def key(self, view, w) -> np.ndarray:
         """The lane of waiting requests ``w`` now (0 immediate, 1 aged long, 2 short, 3 long)."""
         short = view.input_tokens[w] <= self.threshold
         lane = np.where(short, SHORT, LONG)
@@ -59,9 +57,3 @@ class ShortRequestFirst(Policy):
             lane[aged] = AGED_LONG
         lane[np.asarray(view.decoded)[w] > 0] = IMMEDIATE
         return lane
-
-    def schedule(self, view):
-        w = np.fromiter(view.waiting, dtype=np.int64, count=len(view.waiting))
-        if len(w) > 1:
-            w = w[np.argsort(self.lanes(view, w), kind="stable")]     # lanes keep queue order
-        return Decision(admit=admissions_in_order(view, w))

@@ -13,13 +13,13 @@ with their defaults ``length_median = 32768`` tokens, ``time_median = 5`` s, wei
 #12428's description instead, ``length_weight / (1 + len / length_median) + time_weight * wait /
 time_median``. Both engines score the *prompt* length (they have no output predictor); here ``len``
 is the study's predicted output length by default (``length="prompt"`` for theirs). ``wait`` is
-``now - arrival``; ties go to the earlier arrival. Admission walks that order (misfits skipped under
-``lssp``, head-of-line under ``vllm_v1``, as for every study policy). No preemption.
+``now - arrival``; ties go to the earlier arrival. The engine model decides what happens to a
+request that does not fit (skipped under ``lssp``, head-of-line under ``vllm_v1``). No preemption.
 
-Aging makes the order change with the clock alone, yet no timer is needed: the decision is a pure
-function of the view and only admits (``admission_only``), and a step the engine skips is one in
-which no waiting request can be admitted whatever the order (KV only grows and no slot frees until
-an event), so the order matters only at steps where the policy is asked anyway.
+Aging makes the order change with the clock alone, yet no timer is needed: a key policy only admits,
+from the view alone, and a step the engine skips is one in which no waiting request can be admitted
+whatever the order (KV only grows and no slot frees until an event), so the order matters only at
+steps where the policy is asked anyway.
 (The rational form's order does not even change: every score ages at the same rate.)
 """
 
@@ -27,9 +27,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..sim import Decision, Policy
+from ..queue import KeyPolicy
 from . import register
-from ._common import admissions_in_order, ranked_waiting
 
 NORMALIZATIONS = ("sigmoid", "rational")
 LENGTHS = ("predicted_output", "prompt")
@@ -41,29 +40,24 @@ def _logistic(x):
 
 
 @register
-class SjfAging(Policy):
+class SjfAging(KeyPolicy):
     """SJF with wait-time aging (vLLM PR #29366 / TensorRT-LLM ``SJFWaitingQueue`` defaults)."""
 
     name = "sjf_aging"
-    admission_only = True
 
     def __init__(self, length_median: float = 32768.0, time_median: float = 5.0,
                  length_weight: float = 0.5, time_weight: float = 0.5,
                  normalization: str = "sigmoid", length: str = "predicted_output"):
-        if normalization not in NORMALIZATIONS:
-            raise ValueError(f"sjf_aging: normalization must be one of {NORMALIZATIONS}, "
-                             f"got {normalization!r}")
-        if length not in LENGTHS:
-            raise ValueError(f"sjf_aging: length must be one of {LENGTHS}, got {length!r}")
+        for what, value, allowed in (("normalization", normalization, NORMALIZATIONS),
+                                     ("length", length, LENGTHS)):
+            if value not in allowed:
+                raise ValueError(f"sjf_aging: {what} must be one of {allowed}, got {value!r}")
         if not (length_median > 0 and time_median > 0):
             raise ValueError(f"sjf_aging: medians must be positive, got length_median="
                              f"{length_median!r}, time_median={time_median!r}")
-        self.length_median = float(length_median)
-        self.time_median = float(time_median)
-        self.length_weight = float(length_weight)
-        self.time_weight = float(time_weight)
-        self.normalization = normalization
-        self.length = length
+        self.length_median, self.time_median = float(length_median), float(time_median)
+        self.length_weight, self.time_weight = float(length_weight), float(time_weight)
+        self.normalization, self.length = normalization, length
 
     def reset(self, view):
         raw = view.predicted_output_tokens if self.length == "predicted_output" else view.input_tokens
@@ -81,7 +75,5 @@ class SjfAging(Policy):
             return np.clip(self._len_score[ids] + t, 0.0, 1.0)
         return self._len_score[ids] + self.time_weight * wait / self.time_median
 
-    def schedule(self, view):
-        a = view.arrival_s
-        ranked = ranked_waiting(view, lambda w: a[w], lambda w: -self.scores(view, w))
-        return Decision(admit=admissions_in_order(view, ranked))
+    def key(self, view, ids):
+        return -self.scores(view, ids), view.arrival_s[ids], ids

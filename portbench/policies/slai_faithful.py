@@ -29,7 +29,7 @@ import numpy as np
 from ..sim import Decision
 from . import register
 from ._paged import PagedPolicy
-from .vllm_priority import WaitingOrder
+from ..queue import WaitingOrder
 
 
 @dataclasses.dataclass(frozen=True)
