@@ -671,7 +671,7 @@ def counterpart_requests(runs: pd.DataFrame, requests: pd.DataFrame, steps: pd.D
     """Each real run's simulated counterpart, request by request: the ``vllm_v1`` model with the
     cost fitted (``kind``, :func:`cross_validated_costs`) on the windows of the other folds, the
     run's refusal rule on both sides. Columns: the run's keys, ``source``, ``host_flagged``,
-    ``request_index``, ``arrival_s``, ``output_tokens``, real ``admit_s, first_token_s,
+    ``request_index``, ``arrival_s``, ``output_tokens``, ``deadline_s``, real ``admit_s, first_token_s,
     finish_s``, the simulated ``*_sim``, ``refused_real``/``refused_sim`` and ``cost_fold``."""
     costs = cross_validated_costs(steps, runs, k=k, kind=kind)
     cache, frames = {}, []
@@ -694,7 +694,7 @@ def counterpart_requests(runs: pd.DataFrame, requests: pd.DataFrame, steps: pd.D
             "source": run["source"], **{c: run[c] for c in RUN_KEYS},
             "host_flagged": bool(run.get("host_flagged", False)),
             "request_index": real["request_index"].to_numpy(), "arrival_s": real["arrival_s"].to_numpy(),
-            "output_tokens": real["output_tokens"].to_numpy(),
+            "output_tokens": real["output_tokens"].to_numpy(), "deadline_s": real["deadline_s"].to_numpy(),
             "admit_s": real["admit_s"].to_numpy(), "first_token_s": real["first_token_s"].to_numpy(),
             "finish_s": real["finish_s"].to_numpy(), "admit_s_sim": result.admit_s,
             "first_token_s_sim": result.first_token_s, "finish_s_sim": result.finish_s,
@@ -759,3 +759,114 @@ def write_counterparts(tag: str = "vllm_cpu_guarded", *, data_dir=None, kind: st
     path = d / f"{tag}_case_sim_requests.parquet"
     _store.atomic_write(path, lambda p: frame.to_parquet(p, index=False))
     return path
+
+
+#: Published fidelity figures of other simulators, for scale (not comparable one to one: other
+#: hardware, models and workloads, and aggregate rather than per-request errors).
+PUBLISHED_FIDELITY = (
+    {"simulator": "Vidur", "figure": "request-level latency error", "value": 0.09, "bound": "under",
+     "source": "Agrawal et al., Vidur, MLSys 2024 (arXiv:2405.05465), abstract"},
+    {"simulator": "BLIS (evolved latency model)", "figure": "end-to-end latency MAPE, 38 experiments",
+     "value": 0.1179, "bound": "", "source": "inference-sim/inference-sim pull request 944 (simulator comparison, 2026)"},
+    {"simulator": "BLIS (evolved latency model)", "figure": "TTFT MAPE, 38 experiments", "value": 0.2281,
+     "bound": "", "source": "inference-sim/inference-sim pull request 944 (simulator comparison, 2026)"},
+)
+
+
+# --- like for like, the runs' own steps, and the second case ------------------------------------
+def anwg_from_counterpart(counterpart: pd.DataFrame) -> pd.DataFrame:
+    """Real and simulated ANWG per run (every request weighs 1: the share of the window's requests
+    finished by their deadline), from :func:`counterpart_requests`."""
+    c = counterpart.assign(met_real=counterpart["finish_s"] <= counterpart["deadline_s"],
+                           met_sim=counterpart["finish_s_sim"] <= counterpart["deadline_s"])
+    return (c.groupby(["source", *RUN_KEYS, "host_flagged"])[["met_real", "met_sim"]].mean()
+            .rename(columns={"met_real": "anwg_real", "met_sim": "anwg_sim"}).reset_index())
+
+
+def _boot(values_by_window: dict, stat, *, n_resamples: int, seed: int) -> tuple[float, float, float]:
+    """``stat`` over the windows' rows and its 95% percentile bootstrap interval (windows drawn
+    with replacement)."""
+    keys = list(values_by_window)
+    point = stat([values_by_window[k] for k in keys])
+    rng = np.random.default_rng(seed)
+    draws = []
+    for _ in range(n_resamples):
+        pick = rng.integers(0, len(keys), len(keys))
+        draws.append(stat([values_by_window[keys[i]] for i in pick]))
+    draws = np.asarray(draws, dtype=float)
+    draws = draws[np.isfinite(draws)]
+    lo, hi = (np.percentile(draws, [2.5, 97.5]) if len(draws) else (np.nan, np.nan))
+    return float(point), float(lo), float(hi)
+
+
+def like_for_like(anwg: pd.DataFrame, *, n_resamples: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """Within each (source, policy), over the same windows: real repetition 0 against 1 and the
+    model against each real repetition (pairs pooled), as mean |ΔANWG| and Kendall τ_b, each with
+    a 95% bootstrap interval by window. ``anwg``: :func:`anwg_from_counterpart`."""
+    rows = []
+    for (src, pol), g in anwg.groupby(["source", "policy"]):
+        wide = g.pivot_table(index="window_id", columns="repetition", values=["anwg_real", "anwg_sim"])
+        if not {0, 1} <= set(wide["anwg_real"].columns):
+            continue
+        wide = wide.dropna()
+        pairs = {
+            "real vs real": {w: [(r[("anwg_real", 0)], r[("anwg_real", 1)])] for w, r in wide.iterrows()},
+            "model vs real": {w: [(r[("anwg_sim", 0)], r[("anwg_real", 0)]), (r[("anwg_sim", 1)], r[("anwg_real", 1)])]
+                              for w, r in wide.iterrows()},
+        }
+        for name, by_w in pairs.items():
+            def mean_abs(rows_):
+                flat = [p for r in rows_ for p in r]
+                return float(np.mean([abs(a - b) for a, b in flat]))
+
+            def tau(rows_):
+                flat = [p for r in rows_ for p in r]
+                a, b = np.array(flat).T
+                return stats.kendall_tau_b(a, b)
+
+            m = _boot(by_w, mean_abs, n_resamples=n_resamples, seed=seed)
+            t = _boot(by_w, tau, n_resamples=n_resamples, seed=seed)
+            rows.append({"source": src, "policy": pol, "comparison": name, "windows": len(by_w),
+                         "mean_abs_delta": m[0], "mean_abs_lo": m[1], "mean_abs_hi": m[2],
+                         "tau_b": t[0], "tau_lo": t[1], "tau_hi": t[2]})
+    return pd.DataFrame(rows)
+
+
+def own_step_speed(steps: pd.DataFrame, *, tolerance: float = 0.15) -> pd.DataFrame:
+    """Judge each run by its own steps: its **decode speed** is the median, over its decode-only
+    steps, of the step time ÷ the case's in-sample :class:`ShapedStepCost` time for the same batch,
+    set against the median of that over the case's runs (``speed_vs_case``, 1 = the case's usual
+    speed). ``step_flagged``: more than ``tolerance`` slower or faster than the case."""
+    steps = run_steps(steps)
+    cost = ShapedStepCost.fit(steps)
+    dec = steps[steps["shape"] == "decode only"]
+    ratio = dec["duration_s"] / cost.predict(dec["prefill_tokens"], dec["decode_seqs"], dec["context_tokens"])
+    per_run = dec.assign(ratio=ratio).groupby(RUN_KEYS)["ratio"].median().rename("decode_ratio").reset_index()
+    per_run["speed_vs_case"] = per_run["decode_ratio"] / per_run["decode_ratio"].median()
+    per_run["step_flagged"] = (per_run["speed_vs_case"] - 1).abs() > tolerance
+    return per_run
+
+
+def conclusions_by_rule(anwg: pd.DataFrame, errors: pd.DataFrame, speed: pd.DataFrame) -> pd.DataFrame:
+    """The case's conclusions under three rules for keeping runs: every run, the runs the probe
+    guard accepted, and the runs whose own decode steps ran at the case's speed
+    (:func:`own_step_speed`). Per rule: runs kept, median e2e error of the model, mean |ΔANWG|, and
+    the real ANWG of ``slai_faithful`` − ``vllm_faithful`` per source (mean over kept runs)."""
+    a = anwg.merge(speed[RUN_KEYS + ["step_flagged"]], on=RUN_KEYS, how="left")
+    e = errors[errors["measure"] == "end-to-end"].merge(speed[RUN_KEYS + ["step_flagged"]], on=RUN_KEYS, how="left")
+    rules = {"every run": lambda f: np.ones(len(f), dtype=bool),
+             "probe guard accepted": lambda f: ~f["host_flagged"].astype(bool).to_numpy(),
+             "own steps at the case's speed": lambda f: ~f["step_flagged"].fillna(True).astype(bool).to_numpy()}
+    rows = []
+    for name, keep in rules.items():
+        ka, ke = a[keep(a)], e[keep(e)]
+        row = {"rule": name, "runs": len(ka), "e2e median error": float(ke["rel_error"].median()),
+               "mean |ΔANWG|": float((ka["anwg_sim"] - ka["anwg_real"]).abs().mean())}
+        means = ka.groupby(["source", "policy"])["anwg_real"].mean()
+        for src in sorted(set(a["source"])):
+            try:
+                row[f"slai − vllm, {src}"] = float(means[(src, "slai_faithful")] - means[(src, "vllm_faithful")])
+            except KeyError:
+                row[f"slai − vllm, {src}"] = np.nan
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("rule")
