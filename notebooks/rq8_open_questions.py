@@ -192,8 +192,7 @@ glue("rq8_ws_tau_span_200", span(tau_by_size[STUDY_WINDOW_SIZE]["tau_b"]), displ
 glue("rq8_ws_tau_span_small", span(tau_by_size[smallest]["tau_b"]), display=False)
 glue("rq8_ws_median_200", num(size_table.loc[STUDY_WINDOW_SIZE, "median τ_b"]), display=False)
 glue("rq8_ws_median_small", num(size_table.loc[smallest, "median τ_b"]), display=False)
-glue("rq8_ws_sup_200", count(int(size_table.loc[STUDY_WINDOW_SIZE, "supported reversals"]),
-                             "supported reversal"), display=False)
+glue("rq8_ws_sup_200", f"{int(size_table.loc[STUDY_WINDOW_SIZE, 'supported reversals']):,}", display=False)
 glue("rq8_ws_sup_small", count(int(size_table.loc[smallest, "supported reversals"]), "supported reversal"),
      display=False)
 n_out = int(size_table.loc[smallest, "τ_b intervals excluding the 200-request τ_b"])
@@ -218,7 +217,7 @@ for ax, (a, b) in zip(np.atleast_1d(axes), pairs):
     ax.set_title(pair_label(a, b))
     ax.axhline(0, color="0.5", lw=0.6)
     ax.set_ylim(-1.05, 1.05)
-np.atleast_1d(axes)[0].set_ylabel("Kendall τ_b (BCa interval)")
+np.atleast_1d(axes)[0].set_ylabel(r"Kendall $\tau_b$ (BCa interval)")
 np.atleast_1d(axes)[-1].legend(title="window size", fontsize=8, loc="lower right")
 fig.tight_layout()
 fig.savefig(Path(output_dir) / "rq8_window_size.png", dpi=120)
@@ -289,7 +288,7 @@ for (i, j), v in np.ndenumerate(grid.to_numpy(dtype=float)):
 ax.set_yticks(range(len(grid)), [METRIC_LABELS[m] for m in grid.index])
 ax.set_xticks(range(len(columns)), [f"{source_label(s)}, {REGION_LABELS.get(r, r)}" for s, r in columns],
               rotation=60, ha="right", fontsize=8)
-fig.colorbar(im, ax=ax, label="Kendall τ_b with the ANWG ranking", fraction=0.03)
+fig.colorbar(im, ax=ax, label=r"Kendall $\tau_b$ with the ANWG ranking", fraction=0.03)
 fig.tight_layout()
 fig.savefig(Path(output_dir) / "rq8_slo_kinds.png", dpi=120)
 glue("rq8_fig_slo_kinds", fig, display=False)
@@ -328,7 +327,8 @@ else:
 #
 # **Ranking by per-phase SLO attainment against the ranking by ANWG.** Each cell is Kendall τ_b
 # between the two rankings of the primary panel in one (source, region) condition; blue is agreement,
-# red reversal, and a star marks a condition whose best policy changes. "n/a": every policy attains
+# red reversal, and a star marks a condition whose best policy changes (the study's rule: ties to the
+# alphabetically first name). "n/a": every policy attains
 # nothing there, so there is no ranking.
 # ```
 #
@@ -487,8 +487,8 @@ for name in WEIGHTINGS:
 glue("rq8_metric_held_robust", int(held[robust_label]), display=False)
 glue("rq8_metric_n_conclusions", n_conc, display=False)
 same = np.array_equal(t200["anwg_study"], t200[WEIGHTINGS["unweighted"]])
-glue("rq8_metric_unweighted_same", "identical to the study's in every cell (the study gives every request "
-     "priority 1.0)" if same else "different from the study's in some cells", display=False)
+glue("rq8_metric_unweighted_same", "identical to the study's ANWG in every cell: the study gives every "
+     "request priority 1.0" if same else "different from the study's ANWG in some cells", display=False)
 shown
 
 # %% [markdown]
@@ -515,7 +515,7 @@ glue("rq8_intro_slo",
      f"{num(fv['tau_b'].median())} with the ANWG ranking and the best policy changes in "
      f"{of_total(int(fv['top1_changed'].sum()), len(fv), 'conditions')}.", display=False)
 glue("rq8_intro_ties",
-     f"With ties treated as ties and duplicate policies counted once, the top-1 change across metrics falls "
+     f"With ties treated as ties and duplicate policies counted once, the top-1 change across metrics goes "
      f"from {share(rate_study)} to {share(rate_rob)}, the top-1 changes with the SLO multiplier from "
      f"{int(slo_study['top1_changed'].sum())} to {int(slo_rob['top1_changed_robust'].sum())} of "
      f"{len(slo_study)}, and the supported reversals from {len(sup_study)} to {len(sup_dedup)}.", display=False)
@@ -531,7 +531,7 @@ glue("rq8_intro_metric",
 # recalibrated (median λ_ref {glue:text}`rq8_ws_lambda_ratio` times the 200-request one), the
 # cross-source τ_b spans {glue:text}`rq8_ws_tau_span_small` (200: {glue:text}`rq8_ws_tau_span_200`;
 # median {glue:text}`rq8_ws_median_small` against {glue:text}`rq8_ws_median_200`), and
-# {glue:text}`rq8_ws_outside` comparisons have a BCa interval that excludes the 200-request τ_b; RQ2
+# {glue:text}`rq8_ws_outside` have a BCa interval that excludes the 200-request τ_b; RQ2
 # finds {glue:text}`rq8_ws_sup_small` ({glue:text}`rq8_ws_sup_200` with 200 requests).
 # **SLO definition.** Ranked by {glue:text}`rq8_slo_first`, the policies keep a median τ_b of
 # {glue:text}`rq8_slo_first_median` with the ANWG ranking and the top-1 changes in
@@ -547,7 +547,7 @@ glue("rq8_intro_metric",
 # checked, {glue:text}`rq8_tie_changed_conclusions`.
 # **Metric definition.** Of {glue:text}`rq8_metric_n_conclusions:d` conclusions,
 # {glue:text}`rq8_metric_held_study` hold with the study's weights,
-# {glue:text}`rq8_metric_held_unweighted` unweighted (the unweighted ANWG is
-# {glue:text}`rq8_metric_unweighted_same`) and {glue:text}`rq8_metric_held_output_tokens` weighted
+# {glue:text}`rq8_metric_held_unweighted` with every request weighted 1 (that ANWG is
+# {glue:text}`rq8_metric_unweighted_same`), and {glue:text}`rq8_metric_held_output_tokens` weighted
 # by output tokens.
 # :::
