@@ -33,7 +33,8 @@ FIGURES_DIR = BOOK_DIR / "figures"
 
 #: Notebooks in book order (file stem).
 NOTEBOOKS = ("workload", "rq1_cross_source", "rq2_reversals", "rq3_cross_metric", "rq4_regions_slo",
-             "rq5_sample_complexity", "rq6_real_engine", "fidelity", "rq7_engine_schedulers", "comparison",
+             "rq5_sample_complexity", "rq6_real_engine", "fidelity", "rq7_engine_schedulers", "rq8_open_questions",
+             "comparison",
              "add_your_scheduler")
 
 #: Parameters every notebook accepts, with the book's defaults.
@@ -212,6 +213,32 @@ def _check_source_pair(v):
     return f"unknown source(s) {unknown}; sources: {', '.join(known)}" if unknown else None
 
 
+def _check_each(check):
+    def run(values):
+        for v in values:
+            try:
+                check(v)
+            except ValueError as exc:
+                return str(exc)
+        return None if values else "must name at least one value"
+    return run
+
+
+def _check_window_size(v):
+    from .open_questions import check_window_size
+    return check_window_size(v)
+
+
+def _check_slo_kind(v):
+    from .open_questions import check_slo_kind
+    return check_slo_kind(v)
+
+
+def _check_weighting(v):
+    from .open_questions import check_weighting
+    return check_weighting(v)
+
+
 #: Checks of a parameter's value beyond its type, by parameter name (a message, or None when fine).
 CHECKS = {
     "metric": _check_metric,
@@ -228,6 +255,10 @@ CHECKS = {
     "n_resamples": lambda v: None if v >= 1 else "must be ≥ 1",
     "n_draws": lambda v: None if v >= 1 else "must be ≥ 1",
     "sizes": lambda v: None if v and min(v) >= 1 else "must be positive window counts",
+    "window_sizes": _check_each(_check_window_size),
+    "slo_kinds": _check_each(_check_slo_kind),
+    "weightings": _check_each(_check_weighting),
+    "tie_rtol": lambda v: None if 0 <= v < 1 else "must lie in [0, 1)",
 }
 
 
