@@ -477,6 +477,23 @@ glue("fid_calibrated_slai_vllm", headline_count("reversals_supported_slai_vllm",
 # %% [markdown]
 # :::{admonition} Finding
 # :class: tip pb-finding
+# **As simulator builders measure it**, on the guarded case: replayed with each real run's own step
+# times, the model schedules {glue:text}`fid_replay_step_agreement:.1%` of the steps and
+# {glue:text}`fid_replay_request_agreement:.1%` of the requests exactly as the real engine did (the
+# goal is 99%; the disagreements are classed in the table above). Its step cost, cross-validated by
+# window, is off by a median {glue:text}`fid_cv_step_error_shaped_small:.0%` on the small batches the
+# case runs (the linear model: {glue:text}`fid_cv_step_error_linear_small:.0%`). Per request, the
+# end-to-end latency error is {glue:text}`fid_e2e_median_rel_error:.0%` at the median and
+# {glue:text}`fid_e2e_p90_rel_error:.0%` at p90 (the goal is 10% at the median; Vidur reports under
+# 9%), TTFT's {glue:text}`fid_ttft_median_rel_error:.0%` and the time between tokens'
+# {glue:text}`fid_tbt_median_rel_error:.0%` at the median: **the simulator does not yet reproduce
+# this host's per-request latencies to the field's standard.** RQ7's real runs, an independent check
+# ({glue:text}`fid_rq7_n_runs:d` runs), differ from the model by a mean |ΔANWG| of
+# {glue:text}`fid_rq7_mean_abs_anwg_error:.3f` ($\tau_b$ {glue:text}`fid_rq7_tau_b:.2f`). The
+# aggregate figures that follow use ANWG at SLO ×20, which barely tests timing, and pool runs across
+# sources and policies; compare them like for like with the table above (real against real and the
+# model against real over the same windows within a (source, policy)), not with the pooled numbers.
+#
 # **Against the real engine** ({glue:text}`fid_real_tag`: {glue:text}`fid_all_n_runs:d` guarded
 # replays of {glue:text}`fid_n_windows:d` windows, {glue:text}`fid_case_state:s`), the calibrated
 # model's mean |ΔANWG| is {glue:text}`fid_clean_mean_abs_anwg_error:.3f` on the
@@ -484,8 +501,9 @@ glue("fid_calibrated_slai_vllm", headline_count("reversals_supported_slai_vllm",
 # {glue:text}`fid_all_mean_abs_anwg_error:.3f` on all, against the goal 0.05; $\tau_b$ between real and
 # simulated ANWG is {glue:text}`fid_clean_tau_b_anwg:.2f` ({glue:text}`fid_all_tau_b_anwg:.2f` on all)
 # against 0.8 — the goal is **{glue:text}`fid_goal`**. Against itself, the real engine: the two
-# repetitions of a run differ by {glue:text}`fid_noise_floor:.3f` ANWG on average, and their own
-# $\tau_b$ is {glue:text}`fid_noise_tau_b:.2f` — {glue:text}`fid_noise_vs_goal:s`. The guard flagged
+# repetitions of a run differ by {glue:text}`fid_noise_floor:.3f` ANWG on average (a mean over cells
+# of unlike difficulty: the like-for-like table gives it per source and policy), and their own
+# $\tau_b$ is {glue:text}`fid_noise_tau_b:.2f`. The guard flagged
 # {glue:text}`fid_n_flagged:d` runs (their probes drifted on every attempt); their own steps ran at
 # {glue:text}`fid_step_ratio_flagged` times the cost model, the accepted ones at
 # {glue:text}`fid_step_ratio_accepted`: {glue:text}`fid_flagged_reading:s`.
