@@ -5,7 +5,7 @@ that every page reads the same way:
 
 - **Numbers** — :func:`num` rounds to the digits given (what the number supports), writes a true minus
   sign (U+2212) and groups thousands; :func:`signed` always shows the sign (``+0.012``, ``−0.024``);
-  :func:`pct` writes a share as a percentage. Glue the *string* these return and paste it with
+  :func:`pct` writes a share as a percentage and :func:`sci` a tiny or huge one as ``3.2 × 10⁻⁵``. Glue the *string* these return and paste it with
   ``{glue:text}`key:s```: a format spec in the role (``:+.3f``) would write a hyphen-minus.
 - **Words** — :func:`count` (``1 test``, ``0 tests``, ``2 policies``), :func:`join` (``a``, ``a and
   b``, ``a, b and c``; ``none`` when empty) and :func:`went_from` (``from 2 to 0 and 0`` becomes
@@ -141,6 +141,21 @@ def num(x, digits: int = 2, *, sign: bool = False, missing: str = "n/a") -> str:
 def signed(x, digits: int = 3, *, missing: str = "n/a") -> str:
     """``x`` with its sign always written: ``+0.012``, ``−0.024`` (``0.000`` for zero)."""
     return num(x, digits, sign=True, missing=missing)
+
+
+_SUPERSCRIPT = str.maketrans("0123456789-", "⁰¹²³⁴⁵⁶⁷⁸⁹⁻")
+
+
+def sci(x, digits: int = 1, *, missing: str = "n/a") -> str:
+    """A small or large number in scientific notation as printed prose writes it: ``3.2 × 10⁻⁵``
+    (plain :func:`num` between 0.001 and 10,000)."""
+    if not _finite(x):
+        return missing
+    x = float(x)
+    if x == 0 or 1e-3 <= abs(x) < 1e4:
+        return num(x, max(digits, 3) if abs(x) < 1 else digits)
+    mantissa, exponent = f"{x:.{digits}e}".split("e")
+    return f"{num(float(mantissa), digits)} × 10{str(int(exponent)).translate(_SUPERSCRIPT)}"
 
 
 def pct(share, digits: int = 0, *, missing: str = "n/a") -> str:
