@@ -294,13 +294,14 @@ _DEBUG_PATTERNS = {
 }
 
 #: The text a reader can reach on a page: everything in the article (folded outputs too) but code
-#: inputs, code the prose quotes on purpose (inline code, code blocks outside cell outputs), scripts
-#: and styles.
+#: inputs, code shown on purpose (inline code; code listings in a language, such as the policy that
+#: "Add your own scheduler" prints — what a print or a bare expression leaves is plain text output),
+#: scripts and styles.
 _READABLE_TEXT = """(() => {
   const article = document.querySelector('article').cloneNode(true);
-  article.querySelectorAll('div.cell_input, script, style').forEach(e => e.remove());
-  article.querySelectorAll('code.literal, div.highlight').forEach(e => {
-    if (!e.closest('div.cell_output')) e.remove(); });
+  article.querySelectorAll('div.cell_input, script, style, code.literal').forEach(e => e.remove());
+  article.querySelectorAll('div[class*="highlight-"]:not([class*="highlight-myst-ansi"])')
+    .forEach(e => e.remove());
   return article.textContent;
 })()"""
 
