@@ -103,6 +103,7 @@ display(Markdown(f"`check_policy` passed: {check_examples} random windows and 2 
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 warnings.filterwarnings("ignore", message="IProgress not found")   # tqdm in a notebook without widgets
