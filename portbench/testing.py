@@ -160,7 +160,7 @@ def _strategies():
         factor = draw(st.sampled_from([0.5, 5.0, 50.0, 400.0]))
         model = sim.LsspModel(max_active_sequences=draw(st.integers(1, 8)),
                               max_kv_tokens=draw(st.sampled_from([400, 600, 1000, 3000])),
-                              drain_s=draw(st.sampled_from([0.2, 50.0])))
+                              drain_s=draw(st.sampled_from([0.2, 5.0])))
         w = make_window("random", "test", np.cumsum(gaps), inputs, outputs, predicted)
         return scale(w, factor), model
 

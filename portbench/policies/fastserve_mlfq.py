@@ -134,28 +134,18 @@ class FastServeMlfq(Policy):
         self._since = sorted(zip(view.arrival_s.tolist(), range(n)))
 
     def _queue_changed(self, gone, new):
-        queued, per_level, counted = self._queued, self._per_level, self._counted
+        queued, per_level, counted, evict_level = self._queued, self._per_level, self._counted, self.evict_level
         if gone is None:
             queued.clear()
             per_level[:] = 0
-        elif len(gone) > 8:
-            gone = np.asarray(gone, dtype=np.int64)
-            queued.difference_update(gone.tolist())
-            per_level -= np.bincount(counted[gone], minlength=len(per_level))
-        else:
-            for i in gone:
-                queued.discard(i)
-                per_level[counted[i]] -= 1
-        if len(new) > 8:
-            new = np.asarray(new, dtype=np.int64)
-            queued.update(new.tolist())
-            counted[new] = lv = self.evict_level[new]
-            per_level += np.bincount(lv, minlength=len(per_level))
-        else:
-            for i in new:
-                queued.add(i)
-                counted[i] = lv = self.evict_level[i]
-                per_level[lv] += 1
+            gone = ()
+        for i in gone:
+            queued.discard(i)
+            per_level[counted[i]] -= 1
+        for i in new:
+            queued.add(i)
+            counted[i] = lv = evict_level[i]
+            per_level[lv] += 1
 
     def schedule(self, view):
         dec = view.decoded
