@@ -84,8 +84,9 @@ from portbench.testing import check_policy
 
 t = time.perf_counter()
 check_policy(ShortestPredictedRemainingFirst, max_examples=check_examples)
-print(f"check_policy: {check_examples} random windows and 2 shipped windows at high load per engine model passed "
-      f"in {time.perf_counter() - t:.1f} s")
+display(Markdown(f"`check_policy` passed: {check_examples} random windows and 2 shipped windows at high load "
+                 f"per engine model, fast engine and step-by-step loop identical request by request "
+                 f"({time.perf_counter() - t:.0f} s)."))
 
 # %% [markdown]
 # ## Through the campaign
@@ -102,9 +103,12 @@ print(f"check_policy: {check_examples} random windows and 2 shipped windows at h
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 warnings.filterwarnings("ignore", message="IProgress not found")   # tqdm in a notebook without widgets
+from portbench import present
+from portbench.book import pair_label, source_label
 from portbench.campaign import CampaignConfig, load_results, run_campaign
 from portbench.policies import PRIMARY_PANEL
 
@@ -114,7 +118,10 @@ study = study[study["slo_multiplier"] == 20.0]
 out = Path(output_dir) / f"campaign_{engine_model}_{policy_name}.parquet"
 summary = run_campaign(CampaignConfig(engine_model=engine_model, policies=(policy_name,),
                                       slo_multipliers=(20.0,)), output=out, progress=False)
-print(summary.line())
+display(Markdown(
+    f"The campaign ran {present.count(summary.n_cells, 'cell')} of the new policy over {summary.n_windows} windows "
+    + (f"({summary.n_cells_reused:,} of them reused from the cache of an earlier build)."
+       if summary.n_cells_reused else "(all simulated in this build).")))
 ours = summary.table
 # λ_ref is FIFO's knee on each window: the new cells sit at exactly the study's load factors
 lam = study.groupby("window_id")["lambda_ref"].first()
@@ -134,7 +141,7 @@ panel = tuple(PRIMARY_PANEL) + (policy_name,)
 means = stats.condition_means(table, "anwg", policies=panel).means     # policies x (source, region)
 rank = means.rank(axis=0, ascending=False, method="min").astype(int)
 rank_of_ours = rank.loc[policy_name].unstack("region")[[r for r in REGIONS if r in set(table["region"])]]
-rank_of_ours
+present.table(rank_of_ours.rename(index=source_label))
 
 # %%
 import matplotlib.pyplot as plt
@@ -142,14 +149,24 @@ import matplotlib.pyplot as plt
 fig, ax = plt.subplots(figsize=(7, 2.4))
 im = ax.imshow(rank_of_ours.to_numpy(), cmap="viridis_r", vmin=1, vmax=len(panel))
 ax.set_xticks(range(rank_of_ours.shape[1]), rank_of_ours.columns, fontsize=8)
-ax.set_yticks(range(rank_of_ours.shape[0]), rank_of_ours.index, fontsize=8)
+ax.set_yticks(range(rank_of_ours.shape[0]), [source_label(s) for s in rank_of_ours.index], fontsize=8)
 for (r, c), v in np.ndenumerate(rank_of_ours.to_numpy()):
     ax.text(c, r, str(v), ha="center", va="center", color="white" if v > len(panel) / 2 else "black")
 ax.set_title(f"rank of {policy_name} among {len(panel)} policies (ANWG, 1 = best)", fontsize=9)
-fig.colorbar(im, ax=ax, fraction=0.03)
+fig.colorbar(im, ax=ax, fraction=0.03, label="rank (1 = best)")
 fig.tight_layout()
-fig.savefig(Path(output_dir) / "custom_policy_rank.png", dpi=120)
-plt.show()
+present.figure("custom_policy_rank", fig, output_dir, "custom_policy_rank.png")
+
+# %% [markdown]
+# :::{glue:figure} custom_policy_rank
+# :name: fig-custom-policy-rank
+# :alt: Heat map with one row per source and one column per operating region, each cell the new policy's rank among the study's policies plus itself, written in the cell.
+#
+# **Where the new policy ranks.** Its rank by mean ANWG among the study's primary panel plus itself
+# (1 = best, ties share the best rank), per source (rows) and region (columns). A row that keeps its
+# colour is a policy whose standing ports across load; rows that differ show it does not port across
+# sources.
+# :::
 
 # %% [markdown]
 # ## Does its ranking port? RQ1 with the new policy in the panel
@@ -162,16 +179,16 @@ for a in range(len(sources)):
         for panel_name, pols in (("study's 11", tuple(PRIMARY_PANEL)), ("with ours", panel)):
             res = stats.cross_source_tau(table, "anwg", region, sources[a], sources[b], policies=pols,
                                          n_resamples=n_resamples, seed=seed)
-            rows.append({"pair": f"{sources[a]} vs {sources[b]}", "panel": panel_name,
+            rows.append({"pair": pair_label(sources[a], sources[b]), "panel": panel_name,
                          "tau_b": res.statistic})
 tau = pd.DataFrame(rows).pivot(index="pair", columns="panel", values="tau_b")
-glue("custom_tau_min", float(tau["with ours"].min()), display=False)
+glue("custom_tau_min", present.num(tau["with ours"].min(), 2), display=False)
 glue("custom_best_rank", int(rank_of_ours.to_numpy().min()), display=False)
 glue("custom_worst_rank", int(rank_of_ours.to_numpy().max()), display=False)
 glue("custom_n_panel", len(panel), display=False)
 glue("custom_engine", engine_model, display=False)
 glue("custom_region", region, display=False)
-tau.round(3)
+present.table(tau, digits=3)
 
 # %% [markdown]
 # :::{admonition} Finding
@@ -179,7 +196,7 @@ tau.round(3)
 # Shortest predicted remaining first ranks between {glue:text}`custom_best_rank:d` and
 # {glue:text}`custom_worst_rank:d` of the {glue:text}`custom_n_panel:d` policies across sources and
 # regions ({glue:text}`custom_engine`); with it in the panel, the lowest cross-source $\tau_b$ at
-# {glue:text}`custom_region` is {glue:text}`custom_tau_min:.2f`. Change the class above, rerun this page
-# (`portbench book -p region=OVERLOAD --notebooks add_your_scheduler`), and read the same tables for
+# {glue:text}`custom_region` is {glue:text}`custom_tau_min`. Change the class above, rerun this page
+# (`portbench book --skip-campaign --notebooks add_your_scheduler -p region=OVERLOAD`), and read the same tables for
 # your own scheduler.
 # :::

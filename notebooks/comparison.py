@@ -56,11 +56,11 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-from IPython.display import HTML, display
+from IPython.display import HTML, Markdown, display
 from myst_nb import glue
 from scipy import stats as sps
 
-from portbench import stats, store
+from portbench import present, stats, store
 from portbench.campaign import load_results
 from portbench.metrics import METRICS
 from portbench.policies import PRIMARY_PANEL
@@ -80,7 +80,6 @@ def load_reference(name):
 
 FILES = ("rq1_rq2_portability", "rq3_reversals", "rq4_sample_complexity", "rq5_temporal_robustness")
 published = {name: load_reference(name) for name in FILES}
-print(f"{len(table)} cells; {n_resamples} resamples; seed {seed}; reference files: {', '.join(FILES)}")
 glue("cmp_engine", engine_model, display=False)
 
 # %%
@@ -142,21 +141,39 @@ def short(source):
     return source.split("_")[0]
 
 
+def readable(text: str) -> str:
+    """A published or portbench class name (or a field or item that contains one) as the book names it."""
+    for study_name in sorted(CLASS_NAMES, key=len, reverse=True):
+        if study_name in text:
+            return text.replace(study_name, present.label(CLASS_NAMES[study_name]))
+    for ours in sorted(stats.REVERSAL_CLASSES, key=len, reverse=True):
+        if ours in text:
+            return text.replace(ours, present.label(ours))
+    return text
+
+
 def fmt(value):
+    """A cell's value: numbers to six significant digits (the match column says whether they agree to
+    the last bit), true minus signs, readable class names."""
     if value is None:
         return "—"
+    if isinstance(value, bool):
+        return str(value).lower()
     if isinstance(value, float):
-        return repr(value)
-    return str(value)
+        return present.minus_signs(f"{value:.6g}")
+    if isinstance(value, int):
+        return present.num(value, 0)
+    return readable(str(value))
 
 
 def show(file):
     """The file's cells, one per row, in a scrollable box."""
     frame = pd.DataFrame([c for c in cells if c["file"] == file]).drop(columns="file")
-    frame["published"] = frame["published"].map(fmt)
-    frame["ours"] = frame["ours"].map(fmt)
+    for column in ("published", "ours", "item", "field"):
+        frame[column] = frame[column].map(fmt)
     counts = frame["match"].value_counts().reindex(CATEGORIES, fill_value=0)
-    print(f"{file}: {len(frame)} published cells — " + ", ".join(f"{n} {c}" for c, n in counts.items()))
+    display(Markdown(f"`{file}.json`: {present.count(len(frame), 'published cell')} — "
+                     + present.join(f"{n:,} {c}" for c, n in counts.items()) + "."))
     html = frame.to_html(index=False, border=0, classes="dataframe")
     display(HTML(f'<div style="max-height: 32em; overflow: auto; font-size: 0.85em">{html}</div>'))
 
@@ -190,8 +207,8 @@ def spearman(a: pd.Series, b: pd.Series):
 # | cross-metric top-1 agreement | 31.9% | {glue:text}`rq3_cross_metric.ipynb::rq3_top1_agreement:.1%` |
 # | SLO sensitivity: median τ_b | 0.872 | {glue:text}`rq4_regions_slo.ipynb::rq4_slo_median_tau:.3f` |
 # | SLO sensitivity: top-1 changes | 13 of 30 | {glue:text}`rq4_regions_slo.ipynb::rq4_slo_top1_changes:d` of {glue:text}`rq4_regions_slo.ipynb::rq4_slo_conditions:d` |
-# | RQ6, SLAI − vLLM ANWG at HIGH_PRESSURE, Azure / BurstGPT / Bailian, real engine | −0.024 / −0.200 / −0.026 (vLLM 0.27.1, Qwen2.5-0.5B, A100, 40 windows per source) | {glue:text}`rq6_real_engine.ipynb::rq6_vllm_cpu_case_azure_llm_2024:+.3f` / {glue:text}`rq6_real_engine.ipynb::rq6_vllm_cpu_case_burstgpt:+.3f` / {glue:text}`rq6_real_engine.ipynb::rq6_vllm_cpu_case_bailian_qwen:+.3f` (vLLM 0.32 CPU build, tiny random model; see RQ6 for the windows) |
-# | the same, simulator ({glue:text}`cmp_engine`) | reversal (SLAI ahead on Azure, behind on BurstGPT) | {glue:text}`rq6_real_engine.ipynb::rq6_sim_azure_llm_2024:+.3f` / {glue:text}`rq6_real_engine.ipynb::rq6_sim_burstgpt:+.3f` / {glue:text}`rq6_real_engine.ipynb::rq6_sim_bailian_qwen:+.3f` |
+# | RQ6, SLAI − vLLM ANWG at HIGH_PRESSURE, Azure / BurstGPT / Bailian, real engine | −0.024 / −0.200 / −0.026 (vLLM 0.27.1, Qwen2.5-0.5B, A100, 40 windows per source) | {glue:text}`rq6_real_engine.ipynb::rq6_vllm_cpu_case_azure_llm_2024:s` / {glue:text}`rq6_real_engine.ipynb::rq6_vllm_cpu_case_burstgpt:s` / {glue:text}`rq6_real_engine.ipynb::rq6_vllm_cpu_case_bailian_qwen:s` (vLLM 0.32 CPU build, tiny random model; see RQ6 for the windows) |
+# | the same, simulator ({glue:text}`cmp_engine`) | reversal (SLAI ahead on Azure, behind on BurstGPT) | {glue:text}`rq6_real_engine.ipynb::rq6_sim_azure_llm_2024:s` / {glue:text}`rq6_real_engine.ipynb::rq6_sim_burstgpt:s` / {glue:text}`rq6_real_engine.ipynb::rq6_sim_bailian_qwen:s` |
 # | compute for the campaign | ~33 CPU-core-hours for 18,720 cells (two repetitions) | see `benchmarks/bench_campaign.py` and the README (minutes on two cores) |
 #
 # The cross-metric and SLO-sensitivity numbers are not in the table files: the temporal-robustness file
@@ -444,8 +461,8 @@ both_exclude = (((our_36["ci_low_x"] > 0) | (our_36["ci_high_x"] < 0))
 glue("cmp_rq3_ci_exclude0", int(both_exclude.sum()), display=False)
 is_bh = rq3["field"] == "supported_after_fdr"
 glue("cmp_rq3_bh_agree", int((rq3[is_bh]["match"] == EXACT).sum()), display=False)
-pd.DataFrame({"published supported": pub_pairs, "ours supported": pair_counts(ours_supported)}
-             ).fillna(0).astype(int)
+present.table(pd.DataFrame({"published supported": pub_pairs, "ours supported": pair_counts(ours_supported)}
+                           ).fillna(0).astype(int))
 
 # %% [markdown]
 # The class rule for a zero loser, metric by metric (only metrics where it matters): our counts, our
@@ -458,7 +475,7 @@ changed = zero_rule.groupby("metric").apply(lambda d: (d["ours"] != d["ours, stu
 moved = int((zero_rule["ours"] - zero_rule["ours, study's zero rule"]).clip(lower=0).sum())
 glue("cmp_rq3_zero_rule_moved", moved, display=False)
 glue("cmp_rq3_zero_rule_metrics", ", ".join(changed[changed].index) or "none", display=False)
-zero_rule[zero_rule["metric"].isin(changed[changed].index)].set_index(["metric", "class"])
+present.table(zero_rule[zero_rule["metric"].isin(changed[changed].index)])
 
 # %% [markdown]
 # Metrics whose SUPPORTED and UNSUPPORTED counts differ from the study's (their sum agreeing): the same
@@ -487,8 +504,8 @@ for name in boot_metrics:
 seeds = pd.DataFrame(seed_rows)
 glue("cmp_rq3_boot_seeds_as_published", int(seeds["as published"].sum()) if len(seeds) else 0, display=False)
 glue("cmp_rq3_boot_seeds_n", int(len(seeds)), display=False)
-display(seeds)
-pd.concat(near_rows, ignore_index=True) if near_rows else pd.DataFrame()
+display(present.table(seeds))
+present.table(pd.concat(near_rows, ignore_index=True) if near_rows else pd.DataFrame(), digits=4)
 
 # %% [markdown]
 # **The study's reversal records are public, and they settle a question the text left open.** The
@@ -625,8 +642,9 @@ glue("cmp_rq4_not_computed", int((rq4["match"] == NOT_COMPUTED).sum()), display=
 glue("cmp_rq4_max_se", math.sqrt(0.25 / n_draws), display=False)     # a proportion's largest standard error
 # our recovery curves behind the threshold cells that differ (those of ANWG are in the table above)
 off_thr = rq4[thr & (rq4["match"] == DIFFERS) & (rq4["section"] == "thresholds per metric")]
-pd.concat({item: curve_of[item].set_index("n")[["p_full", "p_top1"]].T for item in off_thr["item"].unique()},
-          names=["curve", "probability"]) if len(off_thr) else pd.DataFrame()
+present.table(pd.concat({item: curve_of[item].set_index("n")[["p_full", "p_top1"]].T
+                         for item in off_thr["item"].unique()}, names=["curve", "probability"])
+              .rename(columns=lambda n: f"n = {n}") if len(off_thr) else pd.DataFrame(), digits=3)
 
 # %% [markdown]
 # **What agrees.** The settings (ladder, draws, threshold), the probabilities at $n$ = 40 (all windows:
@@ -834,8 +852,10 @@ disagree = [match(p, o) == DIFFERS
 glue("cmp_rq5_bailian_time_disagree", int(sum(disagree)), display=False)
 bailian_strata = manifest.loc[manifest["source"] == "bailian_qwen", "chronology_stratum"]
 glue("cmp_rq5_bailian_early_n", int((bailian_strata == "EARLY").sum()), display=False)
-display(pd.DataFrame(tie_rows))
-bailian
+# τ_b to the last digit here: the point of this table is a difference in the last place
+display(present.table(pd.DataFrame(tie_rows).map(
+    lambda v: present.minus_signs(repr(v)) if isinstance(v, float) else v)))
+present.table(bailian, digits=3)
 
 # %% [markdown]
 # **What agrees.** With the study's splits rebuilt from the window manifest, the point quantities of
@@ -886,15 +906,15 @@ glue("cmp_n_unexplained", int((everything["why"] == "unexplained").sum()), displ
 differs = everything[everything["match"] == DIFFERS]
 for key in ("bootstrap", "subsample", "bh family", "float ties", "zero ties"):
     glue(f"cmp_differs_{key.replace(' ', '_')}", int((differs["why"] == WHY[key]).sum()), display=False)
-summary
+present.table(summary)
 
 # %% [markdown]
 # Where the cells that do not agree are, and why (the reasons are explained in each file's section):
 
 # %%
 off = everything[~everything["match"].isin([EXACT, ROUNDING])]
-(off.groupby(["file", "section", "match", "why"]).size().rename("cells").reset_index()
- .sort_values(["file", "section"]))
+present.table(off.groupby(["file", "section", "match", "why"]).size().rename("cells").reset_index()
+              .sort_values(["file", "section"]))
 
 # %%
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [1, 1.1]})
@@ -928,7 +948,20 @@ ax2.invert_yaxis()
 ax2.set_xlabel("|ours − published|")
 ax2.set_title("Cells that are not identical, by reason")
 fig.tight_layout()
-fig.savefig(Path(output_dir) / "comparison_match.png", dpi=120)
+present.figure("comparison_match", fig, output_dir, "comparison_match.png")
+
+# %% [markdown]
+# :::{glue:figure} comparison_match
+# :name: fig-comparison-match
+# :figclass: pb-wide
+# :alt: Left, stacked bars per published table file counting cells that match exactly, within rounding, differ or are not computed; right, a dot per non-identical cell at its absolute difference on a log scale, grouped by reason.
+#
+# **How closely portbench reproduces the study's published tables.** Left: every published cell of
+# the four table files, by whether portbench's number matches it exactly, within rounding, differs, or
+# is not computed. Right: for the cells that are not identical, how far apart the two numbers are
+# (log scale), grouped by the reason found; differences near 10⁻¹⁶ are floating-point rounding, larger
+# ones come from the named reasons (bootstrap or subsample draws, tie rules).
+# :::
 
 # %% [markdown]
 # ## Where the numbers differ beyond the tables, and why

@@ -25,6 +25,7 @@ seed = 0                   # seed of every bootstrap
 output_dir = "book/figures"  # where figures are written
 calibrated_engine_model = "vllm_v1"  # engine model re-run and compared with the base
 real_engine_tag = "vllm_cpu_guarded"  # guarded real-engine case: its step profile, refitted cost and runs
+rq7_tag = "vllm_cpu_rq7"   # RQ7's guarded real-engine case: the second, independent check
 unguarded_tag = "vllm_cpu"  # the earlier run without host guard, re-examined with the refit ("" to skip)
 slow_step_ratio = 1.8      # a run whose real steps take this many times the cost model's (median) is host-slow
 
@@ -147,6 +148,7 @@ if by_range_path.exists():
 # %%
 steps_path = real_file(real_engine_tag, "case_steps.parquet")
 steps = pd.read_parquet(steps_path) if steps_path.exists() else pd.DataFrame()
+steps_log = steps.copy()
 if len(steps):
     steps = steps[steps["kept"]]
     sched = scheduler_time(steps)
@@ -313,6 +315,120 @@ if cost is not None and old_runs_path is not None and old_runs_path.exists():
     display(pd.Series(old_summary).to_frame(unguarded_tag))
 
 # %% [markdown]
+# ## The three parts simulator builders report
+#
+# **Scheduling, free of host noise.** Each real run is replayed in `vllm_v1` with its own recorded
+# step times: the k-th simulated step starts when the real k-th step did, whatever it holds. The two
+# schedules are compared step by step (scheduled requests, prefill tokens, decoding requests) and
+# request by request (the step of admission, of the first token and of the finish). Every run of
+# disagreeing steps is put in a class by its first step; one that begins after some request was
+# already treated differently is *downstream* of an earlier one.
+
+# %%
+replay_steps, replay_requests, _ = fidelity.replayed_cost_comparison(runs, requests, steps_log, windows, cost)
+step_agreement = fidelity.agreement_table(replay_steps)
+request_agreement = fidelity.agreement_table(replay_requests)
+glue("fid_replay_step_agreement", float(step_agreement.loc[0, "agree"]), display=False)
+glue("fid_replay_request_agreement", float(request_agreement.loc[0, "agree"]), display=False)
+for _, row in step_agreement.iloc[1:].iterrows():
+    glue(f"fid_replay_step_agreement_{row['group']}", float(row["agree"]), display=False)
+for _, row in request_agreement.iloc[1:].iterrows():
+    glue(f"fid_replay_request_agreement_{row['group']}", float(row["agree"]), display=False)
+agreement = pd.concat({"steps": step_agreement.set_index("group"), "requests": request_agreement.set_index("group")})
+display((agreement.drop(columns="n") * 100).round(2).rename(columns=lambda c: f"{c} (%)")
+        .join(agreement["n"].rename("rows")))
+display(pd.Series(fidelity.DISAGREEMENT_CLASSES, name="what the class means").to_frame())
+
+# %% [markdown]
+# **Step cost, cross-validated by window.** The cost is fitted on the steps of three quarters of the
+# windows (each source's windows dealt round-robin into four folds) and tested on the steps of the
+# rest, per batch shape. The linear model (`StepCost`, absolute least squares) is set beside a
+# richer one (`ShapedStepCost`: one linear fit per batch shape, fitted to the relative error).
+
+# %%
+step_errors = pd.concat({kind: fidelity.step_error_table(fidelity.cross_validated_step_error(steps_log, runs, kind=kind))
+                         for kind in ("linear", "shaped")}, axis=1)
+small = [i for i in step_errors.index if i.startswith("small")][0]
+glue("fid_cv_step_error_linear_small", float(step_errors.loc[small, ("linear", "median")]), display=False)
+glue("fid_cv_step_error_shaped_small", float(step_errors.loc[small, ("shaped", "median")]), display=False)
+glue("fid_cv_step_error_shaped_decode", float(step_errors.loc["decode only", ("shaped", "median")]), display=False)
+display((step_errors.drop(columns=[("shaped", "n")]) * [1, 100, 100, 100, 100]).round(1)
+        .rename(columns={"median": "median (%)", "p90": "p90 (%)", "n": "steps"}))
+
+# %% [markdown]
+# **Per-request latency** with the cross-validated per-shape cost (each run simulated with the cost
+# fitted without its window's fold; the counterparts are stored per request beside the case, in
+# `vllm_cpu_guarded_case_sim_requests.parquet`). Relative error |model − real| ÷ real:
+
+# %%
+counterpart = fidelity.counterpart_requests(runs, requests, steps_log, windows)
+latency = fidelity.latency_errors(counterpart)
+overall = fidelity.latency_error_table(latency).iloc[0]
+accepted = fidelity.latency_error_table(latency[~latency["host_flagged"]]).iloc[0]
+glue("fid_e2e_median_rel_error", float(overall["end-to-end median"]), display=False)
+glue("fid_e2e_p90_rel_error", float(overall["end-to-end p90"]), display=False)
+glue("fid_ttft_median_rel_error", float(overall["TTFT median"]), display=False)
+glue("fid_tbt_median_rel_error", float(overall["TBT median"]), display=False)
+glue("fid_e2e_median_rel_error_accepted", float(accepted["end-to-end median"]), display=False)
+by_group = pd.concat([fidelity.latency_error_table(latency).rename(index={"all": "every run"}),
+                      fidelity.latency_error_table(latency[~latency["host_flagged"]]).rename(index={"all": "probe guard accepted"}),
+                      fidelity.latency_error_table(latency, "source"), fidelity.latency_error_table(latency, "policy")])
+display((by_group * 100).round(1).rename(columns=lambda c: f"{c} (%)"))
+published = pd.DataFrame(fidelity.PUBLISHED_FIDELITY)
+published["value"] = (published["bound"].str.replace("under", "< ") + (published["value"] * 100).round(1).astype(str) + "%")
+display(published.drop(columns="bound").set_index("simulator"))
+
+# %% mystnb={"figure": {"caption": "Per-request end-to-end latency error of the calibrated model against the real engine, by source (cumulative share of requests). Read where each curve crosses 0.5: that source's median error; the dotted line marks 10%.", "name": "fig-fid-e2e-error"}, "image": {"alt": "Three rising curves, one per source, of the share of requests whose relative end-to-end latency error is at most x; BurstGPT's curve lies to the right of Azure's and Bailian's."}}
+fig, ax = plt.subplots(figsize=(6, 3.6))
+e2e = latency[latency["measure"] == "end-to-end"]
+for src, g in e2e.groupby("source"):
+    x = np.sort(g["rel_error"].to_numpy()) * 100
+    ax.plot(x, np.arange(1, len(x) + 1) / len(x), label=f"{src} ({len(x):,} requests)")
+ax.axvline(10, color="grey", ls=":", lw=1)
+ax.set_xscale("log")
+ax.set_xlabel("relative error of end-to-end latency, model against real (%)")
+ax.set_ylabel("share of requests")
+ax.legend(fontsize=8, loc="lower right")
+fig.tight_layout()
+fig.savefig(Path(output_dir) / "fidelity_e2e_error.png", dpi=120)
+
+# %% [markdown]
+# **Like for like.** Within each (source, policy), over the same windows: the two real repetitions
+# against each other, and the model against each repetition (mean |ΔANWG| and $\tau_b$, 95% bootstrap
+# intervals by window). Then the conclusions under each rule for keeping runs: every run, the probe
+# guard's, and each run judged by its own decode steps (its median decode step ÷ the per-shape cost,
+# against the case's median; more than 15% off is flagged).
+
+# %%
+anwg = fidelity.anwg_from_counterpart(counterpart)
+like = fidelity.like_for_like(anwg, n_resamples=n_resamples, seed=seed)
+display(like.set_index(["source", "policy", "comparison"]).round(3))
+speed = fidelity.own_step_speed(steps_log)
+glue("fid_n_step_flagged", int(speed["step_flagged"].sum()), display=False)
+display(fidelity.conclusions_by_rule(anwg, latency, speed).round(3))
+
+# %% [markdown]
+# **The second check: RQ7's real runs** (`fifo`, `sjf_aging`, `vllm_priority` on vLLM's defaults),
+# compared with their counterparts under the profile-fitted cost, as in {doc}`rq7_engine_schedulers`:
+
+# %%
+rq7_path = real_file(rq7_tag, "case_runs.parquet")
+if rq7_path.exists():
+    rq7_runs = pd.read_parquet(rq7_path)
+    rq7_windows = {w.window_id: w for w in store.load_windows(window_ids=sorted(set(rq7_runs["window_id"])))}
+    _, rq7_err, rq7_summary = fidelity.sim_vs_real(rq7_runs, pd.read_parquet(real_file(rq7_tag, "case_requests.parquet")),
+                                                   rq7_windows, cost)
+    glue("fid_rq7_mean_abs_anwg_error", float(rq7_summary["mean_abs_anwg_error"]), display=False)
+    glue("fid_rq7_tau_b", float(rq7_summary["tau_b_anwg"]), display=False)
+    glue("fid_rq7_n_runs", int(rq7_summary["n_runs"]), display=False)
+    rq7_err["abs_error"] = (rq7_err["anwg_sim"] - rq7_err["anwg_real"]).abs()
+    display(rq7_err.pivot_table(index="policy", columns="source", values="abs_error").round(3))
+else:                                   # no RQ7 case: the finding's sentence reads "nan" and 0 runs
+    glue("fid_rq7_mean_abs_anwg_error", float("nan"), display=False)
+    glue("fid_rq7_tau_b", float("nan"), display=False)
+    glue("fid_rq7_n_runs", 0, display=False)
+
+# %% [markdown]
 # ## 3. The head-of-line ablation (HIGH_PRESSURE)
 #
 # The ablation runs in the study's simulator (`lssp`) at HIGH_PRESSURE, each window compressed to
@@ -365,6 +481,23 @@ glue("fid_calibrated_slai_vllm", headline_count("reversals_supported_slai_vllm",
 # %% [markdown]
 # :::{admonition} Finding
 # :class: tip pb-finding
+# **As simulator builders measure it**, on the guarded case: replayed with each real run's own step
+# times, the model schedules {glue:text}`fid_replay_step_agreement:.1%` of the steps and
+# {glue:text}`fid_replay_request_agreement:.1%` of the requests exactly as the real engine did (the
+# goal is 99%; the disagreements are classed in the table above). Its step cost, cross-validated by
+# window, is off by a median {glue:text}`fid_cv_step_error_shaped_small:.0%` on the small batches the
+# case runs (the linear model: {glue:text}`fid_cv_step_error_linear_small:.0%`). Per request, the
+# end-to-end latency error is {glue:text}`fid_e2e_median_rel_error:.0%` at the median and
+# {glue:text}`fid_e2e_p90_rel_error:.0%` at p90 (the goal is 10% at the median; Vidur reports under
+# 9%), TTFT's {glue:text}`fid_ttft_median_rel_error:.0%` and the time between tokens'
+# {glue:text}`fid_tbt_median_rel_error:.0%` at the median: **the simulator does not yet reproduce
+# this host's per-request latencies to the field's standard.** RQ7's real runs, an independent check
+# ({glue:text}`fid_rq7_n_runs:d` runs), differ from the model by a mean |ΔANWG| of
+# {glue:text}`fid_rq7_mean_abs_anwg_error:.3f` ($\tau_b$ {glue:text}`fid_rq7_tau_b:.2f`). The
+# aggregate figures that follow use ANWG at SLO ×20, which barely tests timing, and pool runs across
+# sources and policies; compare them like for like with the table above (real against real and the
+# model against real over the same windows within a (source, policy)), not with the pooled numbers.
+#
 # **Against the real engine** ({glue:text}`fid_real_tag`: {glue:text}`fid_all_n_runs:d` guarded
 # replays of {glue:text}`fid_n_windows:d` windows, {glue:text}`fid_case_state:s`), the calibrated
 # model's mean |ΔANWG| is {glue:text}`fid_clean_mean_abs_anwg_error:.3f` on the
@@ -372,8 +505,9 @@ glue("fid_calibrated_slai_vllm", headline_count("reversals_supported_slai_vllm",
 # {glue:text}`fid_all_mean_abs_anwg_error:.3f` on all, against the goal 0.05; $\tau_b$ between real and
 # simulated ANWG is {glue:text}`fid_clean_tau_b_anwg:.2f` ({glue:text}`fid_all_tau_b_anwg:.2f` on all)
 # against 0.8 — the goal is **{glue:text}`fid_goal`**. Against itself, the real engine: the two
-# repetitions of a run differ by {glue:text}`fid_noise_floor:.3f` ANWG on average, and their own
-# $\tau_b$ is {glue:text}`fid_noise_tau_b:.2f` — {glue:text}`fid_noise_vs_goal:s`. The guard flagged
+# repetitions of a run differ by {glue:text}`fid_noise_floor:.3f` ANWG on average (a mean over cells
+# of unlike difficulty: the like-for-like table gives it per source and policy), and their own
+# $\tau_b$ is {glue:text}`fid_noise_tau_b:.2f`. The guard flagged
 # {glue:text}`fid_n_flagged:d` runs (their probes drifted on every attempt); their own steps ran at
 # {glue:text}`fid_step_ratio_flagged` times the cost model, the accepted ones at
 # {glue:text}`fid_step_ratio_accepted`: {glue:text}`fid_flagged_reading:s`.

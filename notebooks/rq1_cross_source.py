@@ -47,7 +47,7 @@ import numpy as np
 import pandas as pd
 from myst_nb import glue
 
-from portbench import stats
+from portbench import present, stats
 from portbench.book import engine_description, pair_label, resolve_panel, source_label
 from portbench.campaign import load_results
 from portbench.metrics import METRICS
@@ -62,7 +62,7 @@ regions = [r for r in REGIONS if r in set(table["region"])]
 sources = sorted(set(table["source"]))
 glue("rq1_engine", engine_model, display=False)
 glue("rq1_engine_description", engine_description(engine_model), display=False)
-glue("rq1_metric", metric, display=False)
+glue("rq1_metric", present.label(metric), display=False)
 glue("rq1_n_policies", len(policies), display=False)
 glue("rq1_panel", panel if panel in ("primary", "study") else "custom", display=False)
 glue("rq1_sources", ", ".join(source_label(s) for s in sources), display=False)
@@ -78,7 +78,7 @@ print(f"{len(table)} cells; engine model {engine_model}; metric {metric}; {len(p
 
 # %% tags=["hide-output"]
 means = stats.condition_means(table, metric, policies=policies).means
-means.round(3)
+present.table(means.T, digits=3)
 
 # %% [markdown]
 # ## Cross-source Kendall $\tau_b$
@@ -96,9 +96,20 @@ ax.set_yticks(range(grid.shape[0]), grid.index)
 for (i, j), v in np.ndenumerate(grid.to_numpy(dtype=float)):
     ax.text(j, i, "n/a" if np.isnan(v) else f"{v:.2f}", ha="center", va="center", fontsize=9)
 fig.colorbar(im, ax=ax, label="Kendall τ_b")
-ax.set_title(f"Cross-source τ_b of {metric} rankings ({engine_model})")
+ax.set_title(f"Cross-source τ_b of {present.label(metric)} rankings ({engine_model})")
 fig.tight_layout()
-fig.savefig(Path(output_dir) / f"rq1_tau_heatmap_{metric}.png", dpi=120)
+present.figure("rq1_tau_heatmap", fig, output_dir, f"rq1_tau_heatmap_{metric}.png")
+
+# %% [markdown]
+# :::{glue:figure} rq1_tau_heatmap
+# :name: fig-rq1-tau-heatmap
+# :alt: Heat map of Kendall tau-b, one row per operating region and one column per source pair, values written in the cells on a red-to-blue scale from -1 to 1.
+#
+# **How far two sources agree, per region.** Each cell is Kendall $\tau_b$ between two sources'
+# rankings of the policies by mean {glue:text}`rq1_metric` in one region (1: the same order, 0: unrelated,
+# −1: reversed). Read down a column to see whether agreement survives rising load, and across a row to
+# see which source pair disagrees most.
+# :::
 
 # %% [markdown]
 # Every comparison with its percentile and BCa intervals at the chosen confidence level, its Kendall
@@ -106,7 +117,7 @@ fig.savefig(Path(output_dir) / f"rq1_tau_heatmap_{metric}.png", dpi=120)
 
 # %% tags=["hide-output"]
 cols = ["region", "pair", "tau_b", "ci_low", "ci_high", "bca_low", "bca_high", "pvalue", "q"]
-tau[[c for c in cols if c in tau.columns]].round(3)
+present.table(tau[[c for c in cols if c in tau.columns]], digits=3)
 
 # %%
 finite = tau["tau_b"].dropna()
@@ -121,6 +132,10 @@ glue("rq1_tau_best_min", float(tau.loc[is_best, "tau_b"].min()), display=False)
 glue("rq1_tau_best_max", float(tau.loc[is_best, "tau_b"].max()), display=False)
 glue("rq1_tau_other_min", float(tau.loc[~is_best, "tau_b"].min()), display=False)
 glue("rq1_tau_other_max", float(tau.loc[~is_best, "tau_b"].max()), display=False)
+for key, value in (("min", finite.min()), ("max", finite.max()), ("best_min", tau.loc[is_best, "tau_b"].min()),
+                   ("best_max", tau.loc[is_best, "tau_b"].max()), ("other_min", tau.loc[~is_best, "tau_b"].min()),
+                   ("other_max", tau.loc[~is_best, "tau_b"].max())):
+    glue(f"rq1_tau_{key}_text", present.num(value, 2), display=False)   # true minus sign in prose
 glue("rq1_n_undefined", int(tau["tau_b"].isna().sum()), display=False)
 glue("rq1_n_comparisons", int(len(tau)), display=False)
 glue("rq1_bh_significant", int(tau["bh"].sum()), display=False)
@@ -141,13 +156,13 @@ for region in regions:
 w_table = pd.DataFrame(w_rows)
 glue("rq1_w_min", float(w_table["W"].min()), display=False)
 glue("rq1_w_max", float(w_table["W"].max()), display=False)
-w_table.round(4)
+present.table(w_table, digits={"W": 3, None: 4})
 
 # %% tags=["hide-output"]
 loso = pd.concat([stats.leave_one_source_out(table, metric, r, policies=policies,
                                              n_permutations=min(n_resamples, 2000), seed=seed)
                   .assign(region=r) for r in regions], ignore_index=True)
-loso.round(3)
+present.table(loso, digits=3)
 
 # %% [markdown]
 # ## Do the policies differ at all? Friedman test, windows of all sources as blocks
@@ -162,8 +177,9 @@ for region in regions:
 friedman_table = pd.DataFrame(fr_rows)
 friedman_table["q"] = stats.benjamini_hochberg(friedman_table["p"])
 glue("rq1_friedman_max_p", float(friedman_table["p"].max()), display=False)
+glue("rq1_friedman_max_p_text", present.sci(friedman_table["p"].max(), 1), display=False)
 glue("rq1_friedman_rejected", int((friedman_table["q"] <= fdr_q).sum()), display=False)
-friedman_table.round(4)
+present.table(friedman_table, digits={"chi2": 1, None: 4})
 
 # %% [markdown]
 # Post-hoc in the region chosen by the `posthoc_region` parameter (Nemenyi, unadjusted $p$-values;
@@ -177,12 +193,23 @@ im = ax.imshow(np.log10(np.clip(p, 1e-12, 1)), cmap="viridis_r", vmin=-6, vmax=0
 ax.set_xticks(range(len(fr.nemenyi.columns)), fr.nemenyi.columns, rotation=90, fontsize=8)
 ax.set_yticks(range(len(fr.nemenyi.index)), fr.nemenyi.index, fontsize=8)
 fig.colorbar(im, ax=ax, label="log10 Nemenyi p")
-ax.set_title(f"{posthoc_region}: pairwise Nemenyi p-values ({metric}, {engine_model})")
+ax.set_title(f"{posthoc_region}: pairwise Nemenyi p-values ({present.label(metric)}, {engine_model})")
 fig.tight_layout()
-fig.savefig(Path(output_dir) / f"rq1_nemenyi_{metric}.png", dpi=120)
+present.figure("rq1_nemenyi", fig, output_dir, f"rq1_nemenyi_{metric}.png")
 glue("rq1_posthoc_region", posthoc_region, display=False)
 glue("rq1_posthoc_best", fr.mean_ranks.idxmin() if len(fr.mean_ranks) else "none", display=False)
-fr.mean_ranks.sort_values().round(2).to_frame("mean rank")
+present.table(fr.mean_ranks.sort_values().to_frame("mean rank"), digits=2)
+
+# %% [markdown]
+# :::{glue:figure} rq1_nemenyi
+# :name: fig-rq1-nemenyi
+# :alt: Square heat map of policy against policy coloured by the base-10 logarithm of the Nemenyi p-value, dark where two policies differ clearly.
+#
+# **Which policies the windows tell apart** in {glue:text}`rq1_posthoc_region` (Nemenyi post-hoc test
+# after Friedman, unadjusted $p$ on a log scale). Dark cells: the two policies' ranks differ clearly
+# over the windows; light cells: the windows cannot separate them, so their order in a ranking is not
+# evidence of a difference.
+# :::
 
 # %% [markdown]
 # :::{admonition} Finding
@@ -190,13 +217,13 @@ fr.mean_ranks.sort_values().round(2).to_frame("mean rank")
 # Under engine model {glue:text}`rq1_engine` and metric {glue:text}`rq1_metric`, the
 # {glue:text}`rq1_n_policies:d` policies' rankings agree across sources only in part: over
 # {glue:text}`rq1_n_comparisons:d` (region, source pair) comparisons, Kendall $\tau_b$ ranges from
-# {glue:text}`rq1_tau_min:.2f` to {glue:text}`rq1_tau_max:.2f`. The most similar pair,
-# {glue:text}`rq1_best_pair`, stays between {glue:text}`rq1_tau_best_min:.2f` and
-# {glue:text}`rq1_tau_best_max:.2f`; the other pairs ({glue:text}`rq1_other_pairs`) between
-# {glue:text}`rq1_tau_other_min:.2f` and {glue:text}`rq1_tau_other_max:.2f` (lowest:
+# {glue:text}`rq1_tau_min_text` to {glue:text}`rq1_tau_max_text`. The most similar pair,
+# {glue:text}`rq1_best_pair`, stays between {glue:text}`rq1_tau_best_min_text` and
+# {glue:text}`rq1_tau_best_max_text`; the other pairs ({glue:text}`rq1_other_pairs`) between
+# {glue:text}`rq1_tau_other_min_text` and {glue:text}`rq1_tau_other_max_text` (lowest:
 # {glue:text}`rq1_worst_pair` at {glue:text}`rq1_worst_region`). Kendall's $W$ over all sources lies
 # between {glue:text}`rq1_w_min:.2f` and {glue:text}`rq1_w_max:.2f`, and the Friedman test finds that
 # the policies differ in {glue:text}`rq1_friedman_rejected:d` of {glue:text}`rq1_n_regions:d` regions
 # (Benjamini–Hochberg at $q$ = {glue:text}`rq1_fdr_q:.2f`; largest $p$
-# {glue:text}`rq1_friedman_max_p:.1e`).
+# {glue:text}`rq1_friedman_max_p_text`).
 # :::

@@ -33,10 +33,10 @@ absolute_floor = 0.01      # sensitivity: |Δ| must also exceed this in both sou
 # %% [markdown]
 # ## Method in detail
 #
-# A test is classified, in this order: **UNDEFINED** (a mean is missing, or the loser's mean is 0),
-# **STABLE** (no sign change), **MICROSCOPIC** (a sign change, but the margin $|\Delta|$ ÷ loser is at
-# most the `margin` parameter in one source), **SUPPORTED_PRACTICAL_REVERSAL** (both per-source
-# bootstrap CIs of the per-window paired difference exclude 0) or else **UNSUPPORTED_WIDE_CI**.
+# A test is classified, in this order: **undefined** (a mean is missing, or the loser's mean is 0),
+# **stable** (no sign change), **microscopic** (a sign change, but the margin $|\Delta|$ ÷ loser is at
+# most the `margin` parameter in one source), **supported practical reversal** (both per-source
+# bootstrap CIs of the per-window paired difference exclude 0) or else **unsupported (wide CI)**.
 # Benjamini–Hochberg at level `fdr_q` runs per (metric, region) on $p = \max(p_x, p_y)$, where each
 # source's $p$ is the two-sided bootstrap share (our definition: the original's is not public). The
 # values of this build are in the parameters box above.
@@ -50,7 +50,7 @@ import pandas as pd
 from matplotlib.patches import Rectangle
 from myst_nb import glue
 
-from portbench import stats, store
+from portbench import present, stats, store
 from portbench.book import pair_label, resolve_panel, source_label
 from portbench.campaign import load_results
 from portbench.metrics import METRICS
@@ -66,7 +66,7 @@ sources = sorted(set(table["source"]))
 n_pairs = len(policies) * (len(policies) - 1) // 2
 n_source_pairs = len(sources) * (len(sources) - 1) // 2
 glue("rq2_engine", engine_model, display=False)
-glue("rq2_metric", metric, display=False)
+glue("rq2_metric", present.label(metric), display=False)
 glue("rq2_n_policies", len(policies), display=False)
 glue("rq2_n_policy_pairs", n_pairs, display=False)
 glue("rq2_n_source_pairs", n_source_pairs, display=False)
@@ -86,7 +86,7 @@ glue("rq2_n_tests", int(len(rev)), display=False)
 glue("rq2_supported_share", float(counts["SUPPORTED_PRACTICAL_REVERSAL"] / len(rev)), display=False)
 print(f"{len(rev)} tests = {n_pairs} policy pairs × {n_source_pairs} source pairs × {len(regions)} "
       f"regions ({metric}, engine model {engine_model})")
-counts.to_frame("tests")
+present.table(counts.to_frame("tests"))
 
 # %% [markdown]
 # ## Ranks at a glance: every policy, source and region
@@ -128,12 +128,24 @@ starts = np.concatenate([[0], edges[:-1]])
 for r, a, n in zip(regions, starts, per_region):
     ax.text(a + (n - 1) / 2, -0.7, r, ha="center", va="bottom", fontsize=9.5, fontweight="bold")
 fig.colorbar(im, ax=ax, label="rank (1 = best)", fraction=0.025, pad=0.01)
-ax.set_title(f"Rank by mean {metric} per region and source — engine model {engine_model}\n"
+ax.set_title(f"Rank by mean {present.label(metric)} per region and source — engine model {engine_model}\n"
              f"outlined: in a supported practical reversal between sources "
              f"({len(sup)} of {len(rev)} tests)", fontsize=11, pad=34)
 fig.tight_layout()
-fig.savefig(Path(output_dir) / "headline_ranks.png", dpi=120)
+present.figure("rq2_headline_ranks", fig, output_dir, "headline_ranks.png")
 glue("rq2_headline_marked_cells", len(marked), display=False)
+
+# %% [markdown]
+# :::{glue:figure} rq2_headline_ranks
+# :name: fig-rq2-headline-ranks
+# :figclass: pb-wide
+# :alt: Heat map of every policy's rank per operating region and traffic source, ranks written in the cells, with the policies of supported reversals outlined.
+#
+# **Every policy's rank, per region and source** (rank by mean {glue:text}`rq2_metric`, 1 = best, ties
+# share the best rank; engine model {glue:text}`rq2_engine`). Read a row across the three sources of one
+# region: a change of colour is a change of rank when only the traffic changes. Outlined cells belong
+# to one of the {glue:text}`rq2_supported_practical_reversal:d` supported practical reversals.
+# :::
 
 # %% [markdown]
 # ## Where the sign changes are, by region
@@ -149,17 +161,27 @@ palette = {"UNDEFINED": "0.7", "MICROSCOPIC": "#9ecae1", "UNSUPPORTED_WIDE_CI": 
            "SUPPORTED_PRACTICAL_REVERSAL": "#d62728"}
 for cls in changes.columns:
     vals = changes[cls].to_numpy(dtype=float)
-    ax.barh(changes.index, vals, left=left, color=palette.get(cls, "0.5"), label=cls)
+    ax.barh(changes.index, vals, left=left, color=palette.get(cls, "0.5"), label=present.label(cls))
     left += vals
 ax.invert_yaxis()
 ax.set_xlabel(f"tests with a sign change or undefined (of {n_pairs * n_source_pairs} per region)")
 ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-ax.set_title(f"Sign changes of {metric} rankings by region ({engine_model})")
+ax.set_title(f"Sign changes of {present.label(metric)} rankings by region ({engine_model})")
 fig.tight_layout()
-fig.savefig(Path(output_dir) / f"rq2_classes_by_region_{metric}.png", dpi=120)
+present.figure("rq2_classes_by_region", fig, output_dir, f"rq2_classes_by_region_{metric}.png")
+
+# %% [markdown]
+# :::{glue:figure} rq2_classes_by_region
+# :name: fig-rq2-classes-by-region
+# :alt: Stacked horizontal bars, one per operating region, counting the tests whose sign changes, split into microscopic, unsupported and supported reversals.
+#
+# **Where the sign changes are.** One bar per region: the tests (of each region's policy pairs × source
+# pairs) whose sign changes between two sources, by class. The red part, supported practical
+# reversals, is what a reader should not ignore; the rest are small or noisy flips.
+# :::
 
 # %% tags=["hide-output"]
-by_region
+present.table(by_region)
 
 # %% [markdown]
 # ## The supported reversals
@@ -168,7 +190,7 @@ by_region
 glue("rq2_supported_bh", int(sup["bh"].sum()), display=False)
 cols = ["region", "policy_a", "policy_b", "source_x", "source_y", "delta_x", "delta_y", "margin_x",
         "margin_y", "q", "bh"]
-sup[cols].round(4)
+present.table(sup[cols], digits=3)
 
 # %%
 pair_counts = sup.groupby(["policy_a", "policy_b"]).size().rename("supported").reset_index()
@@ -189,7 +211,16 @@ top_pair = pair_counts.sort_values("supported", ascending=False, kind="stable").
 glue("rq2_top_policy_pair", (f"{top_pair['policy_a'].iloc[0]} vs {top_pair['policy_b'].iloc[0]}"
                              if len(top_pair) else "none"), display=False)
 glue("rq2_top_policy_pair_n", int(top_pair["supported"].iloc[0]) if len(top_pair) else 0, display=False)
-pair_counts.sort_values("supported", ascending=False)
+if len(sup):
+    pairs_sentence = (f"They concern {present.count(len(pair_counts), 'policy pair')} (most often "
+                      f"{top_pair['policy_a'].iloc[0]} vs {top_pair['policy_b'].iloc[0]}, "
+                      f"{present.count(top_pair['supported'].iloc[0], 'time')}), and "
+                      f"{source_label(top_source)} is on one side of {int(involving[top_source])} of them "
+                      f"(by source pair: {present.join(f'{pair_label(a, b)} {int(source_pair_counts.get((a, b), 0))}' for k, a in enumerate(sources) for b in sources[k + 1:])}).")
+else:
+    pairs_sentence = "No policy pair and no source stands out, since none is supported."
+glue("rq2_pairs_sentence", pairs_sentence, display=False)
+present.table(pair_counts.sort_values("supported", ascending=False))
 
 # %% [markdown]
 # ### Reversal map: supported reversals per policy pair (all regions and source pairs)
@@ -208,10 +239,20 @@ for (i, j), v in np.ndenumerate(mat.to_numpy()):
     if v:
         ax.text(j, i, str(v), ha="center", va="center", fontsize=8)
 fig.colorbar(im, ax=ax, label="supported reversals")
-ax.set_title(f"Supported reversals of {metric} (of {len(regions) * n_source_pairs} region × "
+ax.set_title(f"Supported reversals of {present.label(metric)} (of {len(regions) * n_source_pairs} region × "
              f"source-pair tests per pair)")
 fig.tight_layout()
-fig.savefig(Path(output_dir) / f"rq2_reversal_map_{metric}.png", dpi=120)
+present.figure("rq2_reversal_map", fig, output_dir, f"rq2_reversal_map_{metric}.png")
+
+# %% [markdown]
+# :::{glue:figure} rq2_reversal_map
+# :name: fig-rq2-reversal-map
+# :alt: Symmetric heat map of policy against policy, each cell counting the supported reversals of that pair over all regions and source pairs.
+#
+# **Which policy pairs reverse.** Each cell counts the supported practical reversals of a policy pair
+# over all regions and source pairs (empty: none). A dark row marks a policy whose standing against
+# others depends on the traffic source.
+# :::
 
 # %% [markdown]
 # ## Sensitivity: an absolute-margin floor
@@ -224,7 +265,7 @@ rev_floor = stats.reversal_analysis(table, metrics=(metric,), regions=regions, n
 floor_counts = stats.reversal_counts(rev_floor)
 glue("rq2_supported_with_floor", int(floor_counts["SUPPORTED_PRACTICAL_REVERSAL"]), display=False)
 glue("rq2_absolute_floor", absolute_floor, display=False)
-pd.DataFrame({"relative margin only": counts, f"and |Δ| > {absolute_floor}": floor_counts})
+present.table(pd.DataFrame({"relative margin only": counts, f"and |Δ| > {absolute_floor:g}": floor_counts}))
 
 # %% [markdown]
 # ## Temporal shift within a source
@@ -249,7 +290,9 @@ early_late = temporal[(temporal["group_a"] == "EARLY") & (temporal["group_b"] ==
 glue("rq2_temporal_min_tau", float(early_late["tau_b"].min()), display=False)
 glue("rq2_temporal_top1_changes", int(early_late["top1_changed"].sum()), display=False)
 glue("rq2_temporal_n", int(len(early_late)), display=False)
-early_late[["source", "region", "tau_b", "ci_low", "ci_high", "bca_low", "bca_high", "top1_changed"]].round(3)
+glue("rq2_temporal_min_tau_text", present.num(early_late["tau_b"].min(), 2), display=False)
+present.table(early_late[["source", "region", "tau_b", "ci_low", "ci_high", "bca_low", "bca_high", "top1_changed"]],
+              digits=2)
 
 # %% [markdown]
 # :::{admonition} Finding
@@ -261,11 +304,8 @@ early_late[["source", "region", "tau_b", "ci_low", "ci_high", "bca_low", "bca_hi
 # {glue:text}`rq2_margin:.0%` in one source, {glue:text}`rq2_unsupported_wide_ci:d` flip without support from their
 # intervals and {glue:text}`rq2_supported_practical_reversal:d` are supported practical reversals
 # ({glue:text}`rq2_supported_bh:d` survive Benjamini–Hochberg at
-# $q$ = {glue:text}`rq2_fdr_q:.2f`). They concern {glue:text}`rq2_supported_pairs:d` policy pairs
-# (most often {glue:text}`rq2_top_policy_pair`, {glue:text}`rq2_top_policy_pair_n:d` times) and
-# {glue:text}`rq2_top_source` is on one side of {glue:text}`rq2_supported_with_top_source:d` of
-# them (by source pair: {glue:text}`rq2_supported_by_source_pair`). Within a source, the ranking of
+# $q$ = {glue:text}`rq2_fdr_q:.2f`). {glue:text}`rq2_pairs_sentence` Within a source, the ranking of
 # the early windows against that of the late ones has $\tau_b$ of at least
-# {glue:text}`rq2_temporal_min_tau:.2f`, with the top-1 policy changing in
+# {glue:text}`rq2_temporal_min_tau_text`, with the top-1 policy changing in
 # {glue:text}`rq2_temporal_top1_changes:d` of {glue:text}`rq2_temporal_n:d` (source, region) cases.
 # :::

@@ -41,7 +41,7 @@ import numpy as np
 import pandas as pd
 from myst_nb import glue
 
-from portbench import stats
+from portbench import present, stats
 from portbench.book import resolve_panel, source_label
 from portbench.campaign import load_results
 from portbench.metrics import METRICS
@@ -64,6 +64,7 @@ results = {(s, r): stats.cross_metric(table, s, r, n_resamples=n_resamples, seed
 pairs = pd.concat([res.pairs for res in results.values()], ignore_index=True)
 overall = stats.cross_metric_summary(pairs)
 glue("rq3_median_tau", overall["median_tau"], display=False)
+glue("rq3_median_tau_text", present.num(overall["median_tau"], 2), display=False)
 glue("rq3_share_negative", overall["share_negative"], display=False)
 glue("rq3_top1_agreement", overall["top1_agreement"], display=False)
 glue("rq3_n_defined", overall["n_defined"], display=False)
@@ -80,7 +81,7 @@ print(f"engine model {engine_model}: over {overall['n_defined']} defined (condit
 summary = pd.DataFrame([{"source": s, "region": r, "median_tau": res.median_tau,
                          "share_negative": res.share_negative, "top1_agreement": res.top1_agreement,
                          "defined": res.n_defined} for (s, r), res in results.items()])
-summary.round(3)
+present.table(summary, digits=3)
 
 # %% [markdown]
 # ## Which metrics agree? Median $\tau_b$ over all conditions
@@ -93,26 +94,37 @@ for (a, b), v in med.items():
     m.loc[a, b] = m.loc[b, a] = v
 fig, ax = plt.subplots(figsize=(8, 7))
 im = ax.imshow(m.to_numpy(dtype=float), vmin=-1, vmax=1, cmap="RdBu")
-ax.set_xticks(range(len(metrics)), metrics, rotation=90, fontsize=8)
-ax.set_yticks(range(len(metrics)), metrics, fontsize=8)
+ax.set_xticks(range(len(metrics)), [present.label(m) for m in metrics], rotation=90, fontsize=8)
+ax.set_yticks(range(len(metrics)), [present.label(m) for m in metrics], fontsize=8)
 for (i, j), v in np.ndenumerate(m.to_numpy(dtype=float)):
     if i != j and np.isfinite(v):
-        ax.text(j, i, f"{v:.1f}", ha="center", va="center", fontsize=7)
+        ax.text(j, i, present.num(v, 1), ha="center", va="center", fontsize=7)
 fig.colorbar(im, ax=ax, label="median Kendall τ_b")
 ax.set_title(f"Cross-metric agreement (median over sources × regions; {engine_model})")
 fig.tight_layout()
-fig.savefig(Path(output_dir) / "rq3_metric_tau.png", dpi=120)
+present.figure("rq3_metric_tau", fig, output_dir, "rq3_metric_tau.png")
 finite_med = med.dropna()
 if len(finite_med):
     best, worst = finite_med.idxmax(), finite_med.idxmin()
-    glue("rq3_best_metric_pair", f"{best[0]} and {best[1]}", display=False)
-    glue("rq3_best_metric_pair_tau", float(finite_med.max()), display=False)
-    glue("rq3_worst_metric_pair", f"{worst[0]} and {worst[1]}", display=False)
-    glue("rq3_worst_metric_pair_tau", float(finite_med.min()), display=False)
+    glue("rq3_best_metric_pair", f"{present.label(best[0])} and {present.label(best[1])}", display=False)
+    glue("rq3_best_metric_pair_tau", present.num(finite_med.max(), 2), display=False)
+    glue("rq3_worst_metric_pair", f"{present.label(worst[0])} and {present.label(worst[1])}", display=False)
+    glue("rq3_worst_metric_pair_tau", present.num(finite_med.min(), 2), display=False)
 else:
     for key in ("rq3_best_metric_pair", "rq3_worst_metric_pair"):
         glue(key, "none", display=False)
-        glue(f"{key}_tau", float("nan"), display=False)
+        glue(f"{key}_tau", "n/a", display=False)
+
+# %% [markdown]
+# :::{glue:figure} rq3_metric_tau
+# :name: fig-rq3-metric-tau
+# :alt: Symmetric heat map of metric against metric, each cell the median Kendall tau-b between the two metrics' rankings, written in the cell, on a red-to-blue scale from -1 to 1.
+#
+# **Which metrics rank the policies alike.** Each cell is the median, over sources and regions, of
+# Kendall $\tau_b$ between the rankings that two metrics give the same policies. Blue pairs agree;
+# red pairs order the policies in opposite ways, so a claim made with one of them does not carry over
+# to the other.
+# :::
 
 # %% [markdown]
 # ## Who wins under each metric?
@@ -132,22 +144,33 @@ wins = best.pivot_table(index="metric", columns="top1", values="region", aggfunc
 fig, ax = plt.subplots(figsize=(1.0 + 0.55 * wins.shape[1], 0.38 * wins.shape[0] + 2.6))
 im = ax.imshow(wins.to_numpy(), cmap="Blues", aspect="auto")
 ax.set_xticks(range(wins.shape[1]), wins.columns, rotation=90, fontsize=8)
-ax.set_yticks(range(wins.shape[0]), wins.index, fontsize=8)
+ax.set_yticks(range(wins.shape[0]), [present.label(m) for m in wins.index], fontsize=8)
 for (i, j), v in np.ndenumerate(wins.to_numpy()):
     if v:
         ax.text(j, i, str(v), ha="center", va="center", fontsize=8,
                 color="white" if v > wins.to_numpy().max() / 2 else "black")
 ax.set_title(f"Top-1 policy per metric (conditions won; {engine_model})", fontsize=10)
 fig.tight_layout()
-fig.savefig(Path(output_dir) / "rq3_top1_by_metric.png", dpi=120)
+present.figure("rq3_top1_by_metric", fig, output_dir, "rq3_top1_by_metric.png")
 n_winners = best.groupby(["source", "region"])["top1"].nunique()
 glue("rq3_max_distinct_winners", int(n_winners.max()), display=False)
 worst_condition = n_winners.idxmax()
 glue("rq3_max_distinct_winners_where",
      f"{source_label(worst_condition[0])} at {worst_condition[1]}", display=False)
 
+# %% [markdown]
+# :::{glue:figure} rq3_top1_by_metric
+# :name: fig-rq3-top1-by-metric
+# :alt: Grid of metric against winning policy; each cell counts the source and region conditions in which that policy ranks first by that metric.
+#
+# **Who wins depends on the metric.** Each row is a metric, each column a policy that ranks first
+# somewhere; a cell counts the (source, region) conditions that policy tops by that metric (ties go to
+# the alphabetically first policy). A row spread over many columns means the metric's winner changes
+# with the condition; columns that differ between rows mean the metrics crown different policies.
+# :::
+
 # %% tags=["hide-output"]
-wins
+present.table(wins.rename(index=present.label))
 
 # %% [markdown]
 # :::{admonition} Finding
@@ -156,11 +179,11 @@ wins
 # metric pair) comparisons of the {glue:text}`rq3_n_policies:d` policies' rankings (engine model
 # {glue:text}`rq3_engine`, {glue:text}`rq3_n_metrics:d` metrics, {glue:text}`rq3_n_conditions:d`
 # (source, region) conditions), the median Kendall $\tau_b$ between two metrics' rankings is
-# {glue:text}`rq3_median_tau:.3f`, {glue:text}`rq3_share_negative:.1%` of them are negative, and two
+# {glue:text}`rq3_median_tau_text`, {glue:text}`rq3_share_negative:.1%` of them are negative, and two
 # metrics crown the same policy in {glue:text}`rq3_top1_agreement:.1%` of comparisons
 # ({glue:text}`rq3_n_top1_tied:d` of them with a tied top-1). The closest metrics are
-# {glue:text}`rq3_best_metric_pair` (median $\tau_b$ {glue:text}`rq3_best_metric_pair_tau:.2f`), the
-# farthest {glue:text}`rq3_worst_metric_pair` ({glue:text}`rq3_worst_metric_pair_tau:.2f`); in one
+# {glue:text}`rq3_best_metric_pair` (median $\tau_b$ {glue:text}`rq3_best_metric_pair_tau`), the
+# farthest {glue:text}`rq3_worst_metric_pair` ({glue:text}`rq3_worst_metric_pair_tau`); in one
 # condition ({glue:text}`rq3_max_distinct_winners_where`) the metrics crown
 # {glue:text}`rq3_max_distinct_winners:d` different policies.
 # :::

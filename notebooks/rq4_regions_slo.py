@@ -44,7 +44,7 @@ import numpy as np
 import pandas as pd
 from myst_nb import glue
 
-from portbench import stats
+from portbench import present, stats
 from portbench.campaign import load_results
 from portbench.book import resolve_panel, source_label
 from portbench.metrics import METRICS
@@ -58,7 +58,7 @@ table = pd.read_parquet(results_path) if results_path else load_results(engine_m
 regions = [r for r in REGIONS if r in set(table["region"])]
 sources = sorted(set(table["source"]))
 glue("rq4_engine", engine_model, display=False)
-glue("rq4_metric", metric, display=False)
+glue("rq4_metric", present.label(metric), display=False)
 glue("rq4_n_policies", len(policies), display=False)
 
 # %% [markdown]
@@ -67,20 +67,43 @@ glue("rq4_n_policies", len(policies), display=False)
 # %%
 means = stats.condition_means(table, metric, policies=policies).means
 sign = 1 if METRICS[metric] else -1
-fig, axes = plt.subplots(1, len(sources), figsize=(5 * len(sources), 5), sharey=True)
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "h", "*", "p", "8")
+fig, axes = plt.subplots(1, len(sources), figsize=(5 * len(sources), 5.4), sharey=True)
+n_tied_lines = 0
 for ax, source in zip(np.atleast_1d(axes), sources):
     cols = [(source, r) for r in regions if (source, r) in means.columns]
-    ranks = (-sign * means[cols]).rank(method="average")
+    ranks = (-sign * means[cols]).rank(method="min")      # as the headline figure: ties share the best rank
+    # Tied policies share a rank: draw them side by side (a small vertical offset) so none hides another.
+    offset = pd.DataFrame(0.0, index=ranks.index, columns=ranks.columns)
+    for col in ranks.columns:
+        for _, tied in ranks[col].groupby(ranks[col]):
+            if len(tied) > 1:
+                offset.loc[tied.index, col] = (np.arange(len(tied)) - (len(tied) - 1) / 2) * 0.16
+    n_tied_lines += int((offset != 0).any(axis=1).sum())
     for k, policy in enumerate(ranks.index):
-        ax.plot(range(len(cols)), ranks.loc[policy].to_numpy(), marker="o", lw=1.5,
+        ax.plot(range(len(cols)), (ranks.loc[policy] + offset.loc[policy]).to_numpy(),
+                marker=MARKERS[k % len(MARKERS)], ms=5, lw=1.3, alpha=0.9,
                 color=plt.cm.tab20(k / max(1, len(ranks.index) - 1)), label=policy)
     ax.set_xticks(range(len(cols)), [c[1] for c in cols], rotation=45, fontsize=8)
     ax.set_title(f"{source_label(source)} ({engine_model})")
     ax.invert_yaxis()
-np.atleast_1d(axes)[0].set_ylabel(f"rank by mean {metric} (1 = best)")
-np.atleast_1d(axes)[-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
-fig.tight_layout()
-fig.savefig(Path(output_dir) / f"rq4_rank_flow_{metric}.png", dpi=120)
+np.atleast_1d(axes)[0].set_ylabel(f"rank by mean {present.label(metric)} (1 = best)")
+fig.legend(*np.atleast_1d(axes)[0].get_legend_handles_labels(), fontsize=8, loc="lower center",
+           ncol=min(6, len(policies)), frameon=False)
+fig.tight_layout(rect=(0, 0.12, 1, 1))
+present.figure("rq4_rank_flow", fig, output_dir, f"rq4_rank_flow_{metric}.png")
+
+# %% [markdown]
+# :::{glue:figure} rq4_rank_flow
+# :name: fig-rq4-rank-flow
+# :figclass: pb-wide
+# :alt: Three line charts, one per source, of each policy's rank (1 at the top) across the six operating regions from LOW to HIGH_PRESSURE; each policy has its own colour and marker.
+#
+# **How ranks move with load.** Each line follows one policy's rank by mean {glue:text}`rq4_metric`
+# (1 = best; tied policies share the best rank, as in the headline figure) from light to heavy load,
+# one panel per source. Crossing lines are rank changes caused by load alone. Policies tied at a rank
+# are drawn slightly apart, so that every line stays visible.
+# :::
 
 # %% [markdown]
 # Kendall $\tau_b$ between each region's ranking and the KNEE ranking, per source:
@@ -96,10 +119,10 @@ for source in sources:
                      "tau_vs_knee": stats.kendall_tau_b(base.to_numpy(), means[(source, region)].to_numpy())})
 region_tau = pd.DataFrame(rows).pivot(index="region", columns="source", values="tau_vs_knee").reindex(regions)
 off_knee = region_tau.drop(index="KNEE", errors="ignore")
-glue("rq4_region_tau_min", float(off_knee.min().min()), display=False)
+glue("rq4_region_tau_min", present.num(off_knee.min().min(), 2), display=False)
 where = off_knee.stack().idxmin()
 glue("rq4_region_tau_min_where", f"{source_label(where[1])} at {where[0]}", display=False)
-region_tau.round(3)
+present.table(region_tau.rename(columns=present.label), digits=3)
 
 # %% [markdown]
 # ## SLO-definition sensitivity
@@ -114,19 +137,18 @@ slo = stats.slo_sensitivity(table, metric=metric, variants=tuple(variants),
                             regions=[r for r in regions if r != "LOW"], n_resamples=n_resamples,
                             seed=seed, policies=policies, confidence_level=confidence_level)
 glue("rq4_slo_median_tau", float(slo["tau_b"].median()), display=False)
+glue("rq4_slo_median_tau_text", present.num(slo["tau_b"].median(), 2), display=False)
 glue("rq4_slo_top1_changes", int(slo["top1_changed"].sum()), display=False)
 glue("rq4_slo_conditions", int(len(slo)), display=False)
 glue("rq4_slo_variants", " and ".join(f"{v:g}×" for v in variants), display=False)
-glue("rq4_slo_min_tau", float(slo["tau_b"].min()), display=False)
-print(f"median τ_b {slo['tau_b'].median():.3f}; top-1 changes in {int(slo['top1_changed'].sum())} "
-      f"of {len(slo)} conditions")
+glue("rq4_slo_min_tau", present.num(slo["tau_b"].min(), 2), display=False)
 
 # %% [markdown]
 # Every (source, region, variant) comparison (folded):
 
 # %% tags=["hide-output"]
-slo[["source", "region", "variant", "tau_b", "ci_low", "ci_high", "bca_low", "bca_high", "top1_a",
-     "top1_b", "top1_changed"]].round(3)
+present.table(slo[["source", "region", "variant", "tau_b", "ci_low", "ci_high", "bca_low", "bca_high",
+                   "top1_a", "top1_b", "top1_changed"]], digits={"variant": 0, None: 3})
 
 # %%
 fig, ax = plt.subplots(figsize=(7, 3.5))
@@ -138,20 +160,31 @@ for k, v in enumerate(variants):
 labels = slo[slo["variant"] == variants[0]].apply(lambda r: f"{source_label(r['source'])} {r['region']}", axis=1)
 ax.set_xticks(range(len(labels)), labels, rotation=90, fontsize=7)
 ax.set_ylabel(f"Kendall τ_b (BCa {confidence_level:.0%})")
-ax.set_title(f"SLO definition vs the base ranking ({metric}, {engine_model})", fontsize=10)
+ax.set_title(f"SLO definition vs the base ranking ({present.label(metric)}, {engine_model})", fontsize=10)
 ax.axhline(0, color="k", lw=0.5)
-ax.legend(fontsize=8)
+ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
 fig.tight_layout()
-fig.savefig(Path(output_dir) / "rq4_slo_tau.png", dpi=120)
+present.figure("rq4_slo_tau", fig, output_dir, "rq4_slo_tau.png")
+
+# %% [markdown]
+# :::{glue:figure} rq4_slo_tau
+# :name: fig-rq4-slo-tau
+# :alt: Dot plot with error bars of Kendall tau-b between each SLO variant's ranking and the base ranking, one pair of dots per source and region.
+#
+# **Does a tighter or looser SLO change the ranking?** Kendall $\tau_b$ (with its BCa interval)
+# between the ranking under each SLO variant and under the base SLO (20×), at the same loads, for every
+# source and region. Dots near 1 mean the SLO definition hardly matters there; dots far below 1, or
+# intervals reaching 0, mean the ranking depends on how the SLO is defined.
+# :::
 
 # %% [markdown]
 # :::{admonition} Finding
 # :class: tip pb-finding
 # Within a source, Kendall $\tau_b$ between the KNEE ranking of the {glue:text}`rq4_n_policies:d`
 # policies and another region's {glue:text}`rq4_metric` ranking falls as low as
-# {glue:text}`rq4_region_tau_min:.2f` ({glue:text}`rq4_region_tau_min_where`; engine model
+# {glue:text}`rq4_region_tau_min` ({glue:text}`rq4_region_tau_min_where`; engine model
 # {glue:text}`rq4_engine`). Redefining the SLO as {glue:text}`rq4_slo_variants` the base budget (at the
-# same loads) leaves a median $\tau_b$ of {glue:text}`rq4_slo_median_tau:.3f` with the base ranking
-# (lowest {glue:text}`rq4_slo_min_tau:.2f`) and changes the top-1 policy in
+# same loads) leaves a median $\tau_b$ of {glue:text}`rq4_slo_median_tau_text` with the base ranking
+# (lowest {glue:text}`rq4_slo_min_tau`) and changes the top-1 policy in
 # {glue:text}`rq4_slo_top1_changes:d` of {glue:text}`rq4_slo_conditions:d` conditions.
 # :::

@@ -43,7 +43,7 @@ import numpy as np
 import pandas as pd
 from myst_nb import glue
 
-from portbench import stats
+from portbench import present, stats
 from portbench.campaign import load_results
 from portbench.book import resolve_panel, source_label
 from portbench.metrics import METRICS
@@ -60,7 +60,7 @@ regions = [r for r in REGIONS if r in set(table["region"])]
 sources = sorted(set(table["source"]))
 windows_per_source = table.groupby("source")["window_id"].nunique()
 glue("rq5_engine", engine_model, display=False)
-glue("rq5_metric", metric, display=False)
+glue("rq5_metric", present.label(metric), display=False)
 glue("rq5_n_policies", len(policies), display=False)
 glue("rq5_windows_per_source", ", ".join(f"{source_label(s)} {n}" for s, n in windows_per_source.items()),
      display=False)
@@ -77,8 +77,8 @@ per_region = pd.concat([stats.sample_complexity(table, metric, s, sizes=tuple(si
 pooled = pd.concat([stats.sample_complexity(table, metric, s, sizes=tuple(sizes), n_draws=n_draws,
                                             seed=seed, policies=policies, pool_regions=True)
                     .assign(source=s) for s in sources], ignore_index=True)
-per_region.pivot_table(index=["source", "region"], columns="n", values="p_top1").reindex(
-    [(s, r) for s in sources for r in regions]).round(2)
+present.table(per_region.pivot_table(index=["source", "region"], columns="n", values="p_top1").reindex(
+    [(s, r) for s in sources for r in regions]).rename(columns=lambda n: f"n = {n}"), digits=2)
 
 # %%
 fig, axes = plt.subplots(2, len(sources), figsize=(5 * len(sources), 7), sharex=True, sharey=True)
@@ -95,13 +95,27 @@ axes[0, 0].set_ylabel("P(full ranking recovered)")
 axes[1, 0].set_ylabel("P(top-1 recovered)")
 for ax in axes.flat:
     ax.axhline(recovery_threshold, color="k", ls=":", lw=0.8)
-axes[0, -1].legend(fontsize=7)
-fig.tight_layout()
-fig.savefig(Path(output_dir) / f"rq5_sample_complexity_{metric}.png", dpi=120)
+fig.legend(*axes[0, 0].get_legend_handles_labels(), fontsize=8, loc="lower center", ncol=len(regions),
+           frameon=False)
+fig.tight_layout(rect=(0, 0.05, 1, 1))
+present.figure("rq5_sample_complexity", fig, output_dir, f"rq5_sample_complexity_{metric}.png")
+
+# %% [markdown]
+# :::{glue:figure} rq5_sample_complexity
+# :name: fig-rq5-sample-complexity
+# :figclass: pb-wide
+# :alt: Two rows of line charts, one column per source: the probability that n drawn windows recover the full ranking (top) and the top-1 policy (bottom), against n, one line per operating region, with a dotted threshold line.
+#
+# **How many windows a ranking needs.** For $n$ windows drawn from a source (without replacement,
+# {glue:text}`rq5_n_draws:d` draws), the probability that their ranking by mean {glue:text}`rq5_metric`
+# equals the all-window ranking — in full (top row) or at the top-1 (bottom row) — one line per region.
+# Where a line stays under the dotted threshold ({glue:text}`rq5_threshold:.2f`), a study with that many
+# windows would often name another winner.
+# :::
 
 # %% [markdown]
 # Smallest $n$ at which the top-1 is recovered with probability at least `recovery_threshold`, per
-# source and region (NaN: not even with the largest $n$):
+# source and region (n/a: not even with the largest $n$):
 
 # %%
 def first_n(frame, column, threshold=recovery_threshold):
@@ -122,16 +136,15 @@ glue("rq5_min_p_top1_at_10_where",
      f"{source_label(worst['source'])} at {worst['region']}" if worst is not None else "none", display=False)
 glue("rq5_max_n_needed", float(need["top1"].max()), display=False)
 glue("rq5_median_n_needed", float(need["top1"].median()), display=False)
-print(f"n = 10: top-1 recovered with probability < {recovery_threshold} in "
-      f"{int((at10['p_top1'] < recovery_threshold).sum())} of "
-      f"{len(at10)} (source, region) conditions; lowest {at10['p_top1'].min():.2f}")
-need.pivot(index="region", columns="source", values="top1").reindex(regions)
+present.table(need.pivot(index="region", columns="source", values="top1").reindex(regions)
+              .rename(columns=present.label), digits=0)
 
 # %% [markdown]
 # The original study's variant (each window averaged over all regions first):
 
 # %%
-pooled.pivot_table(index="source", columns="n", values=["p_full", "p_top1"]).round(2)
+present.table(pooled.pivot_table(index="source", columns="n", values=["p_full", "p_top1"])
+              .rename(columns=lambda c: present.label(c) if isinstance(c, str) else f"n = {c}"), digits=2)
 
 # %% [markdown]
 # :::{admonition} Finding

@@ -53,7 +53,7 @@ import pandas as pd
 from IPython.display import Markdown, display
 from myst_nb import glue
 
-from portbench import stats
+from portbench import present, stats
 from portbench.book import pair_label, source_label
 from portbench.campaign import load_results
 from portbench.realengine import study
@@ -75,7 +75,6 @@ glue("rq6_case_pair", pair_label(*case_sources), display=False)
 glue("rq6_control_pair", pair_label(*control_sources), display=False)
 glue("rq6_region", CASE_REGION, display=False)
 glue("rq6_policies", f"{policy_a} − {policy_b}", display=False)
-print("real-engine results:", [f.name for f in run_files] or "none yet")
 
 
 def case_runs(path: Path) -> pd.DataFrame:
@@ -135,7 +134,7 @@ display(Markdown("\n".join(provenance(f.name.removesuffix("_runs.parquet")) for 
 original = pd.DataFrame({"source": ["azure_llm_2024", "burstgpt", "bailian_qwen"],
                          "delta": [-0.024, -0.200, -0.026],
                          "engine": "original: vLLM 0.27.1 on A100"})
-original
+present.table(original[["source", "delta"]], digits=3)
 
 # %% [markdown]
 # ## Mean SLAI − vLLM difference per source: real engine, simulator, original study
@@ -162,9 +161,9 @@ for _, r in deltas.iterrows():
     if r["engine"].startswith("simulator") and "all windows" not in r["engine"]:
         continue
     key = "sim" if label == "simulator" else ("original" if label.startswith("original") else label)
-    glue(f"rq6_{key}_{r['source']}", float(r["delta"]), display=False)
+    glue(f"rq6_{key}_{r['source']}", present.signed(r["delta"], 3), display=False)   # true minus sign
     if run_files and r["engine"] == run_files[0].name.removesuffix("_runs.parquet"):
-        glue(f"rq6_real_{r['source']}", float(r["delta"]), display=False)  # the headline run
+        glue(f"rq6_real_{r['source']}", present.signed(r["delta"], 3), display=False)  # the headline run
 
 fig, ax = plt.subplots(figsize=(8, 4))
 labels = list(dict.fromkeys(deltas["engine"]))
@@ -181,12 +180,26 @@ ax.axhline(0, color="k", lw=0.6)
 ax.set_xticks(range(len(sources)), [source_label(s) for s in sources])
 ax.set_ylabel(f"mean ANWG, {policy_a} − {policy_b} (95% CI)", fontsize=8)
 ax.set_title(f"{CASE_REGION}: real engine, simulator ({engine_model}) and the original study", fontsize=10)
-ax.legend(fontsize=7, loc="best")
+# the legend below the axes, where it cannot cover a bar
+ax.legend(fontsize=7.5, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2, frameon=False)
+fig.set_size_inches(8, 4 + 0.22 * ((len(labels) + 1) // 2))
 fig.tight_layout()
-fig.savefig(Path(output_dir) / "rq6_case.png", dpi=120)
+present.figure("rq6_case", fig, output_dir, "rq6_case.png")
+
+# %% [markdown]
+# :::{glue:figure} rq6_case
+# :name: fig-rq6-case
+# :alt: Grouped bar chart, one group per source, of the mean ANWG difference between the two case policies on each real-engine run, in the simulator and in the original study, with 95% confidence intervals.
+#
+# **Does the simulated reversal hold on a real engine?** Per source, the mean {glue:text}`rq6_policies`
+# difference in ANWG at {glue:text}`rq6_region` (bars below 0: the first policy is worse), with its
+# 95% bootstrap interval, on each real-engine run, in the simulator on the same windows and on all
+# windows, and as the original study measured it on an A100. A reversal is a bar that changes sign
+# between two sources; compare the real-engine bars with the simulator's beside them.
+# :::
 
 # %% tags=["hide-output"]
-deltas.round(3)
+present.table(deltas, digits=3)
 
 # %% [markdown]
 # ## The reversal classifier on each engine
@@ -201,10 +214,10 @@ for f in run_files:
     runs = case_runs(f)
     if "slo_multiplier" not in runs:
         runs = runs.assign(slo_multiplier=20.0)
-    present = sorted(set(runs["source"]))
-    if len(present) < 2:
+    run_sources = sorted(set(runs["source"]))
+    if len(run_sources) < 2:
         continue
-    rev = stats.reversals(runs, "anwg", CASE_REGION, sources=present, policies=CASE_POLICIES,
+    rev = stats.reversals(runs, "anwg", CASE_REGION, sources=run_sources, policies=CASE_POLICIES,
                           n_resamples=n_resamples, seed=seed, margin=margin,
                           confidence_level=confidence_level)
     verdicts.append(rev.assign(engine=f.name.removesuffix("_runs.parquet")))
@@ -231,34 +244,35 @@ for engine, g in verdict.groupby("engine", sort=False):
     if case.empty:
         continue
     c = case.iloc[0]
-    sentence = (f"**{engine}**: {policy_a} − {policy_b} ANWG is {c['d_first']:+.3f} on "
-                f"{source_label(c['first'])} and {c['d_second']:+.3f} on {source_label(c['second'])}; "
-                f"the classifier calls the case ({pair_label(*case_sources)}) **{c['cls']}**")
+    sentence = (f"**{engine}**: {policy_a} − {policy_b} ANWG is {present.signed(c['d_first'], 3)} on "
+                f"{source_label(c['first'])} and {present.signed(c['d_second'], 3)} on "
+                f"{source_label(c['second'])}; the classifier calls the case ({pair_label(*case_sources)}) "
+                f"**{present.label(c['cls'])}**")
     if not control.empty:
-        sentence += f", the control ({pair_label(*control_sources)}) **{control.iloc[0]['cls']}**"
+        sentence += f", the control ({pair_label(*control_sources)}) **{present.label(control.iloc[0]['cls'])}**"
     lines.append("- " + sentence + ".")
 display(Markdown("\n".join(lines) or "No real-engine results yet."))
 
 # %% tags=["hide-output"]
-verdict[["engine", "source_x", "source_y", "delta_x", "delta_y", "ci_low_x", "ci_high_x", "ci_low_y",
-         "ci_high_y", "cls"]].round(3)
+present.table(verdict[["engine", "source_x", "source_y", "delta_x", "delta_y", "ci_low_x", "ci_high_x",
+                       "ci_low_y", "ci_high_y", "cls"]], digits=3)
 
 # %%
 real = [f.name.removesuffix("_runs.parquet") for f in run_files]
 first_real = real[0] if real else None
 summary = {f"{who}_{what}_class": "n/a" for who in ("real", "sim") for what in ("case", "control")}
-summary.update({f"{who}_case_delta_{end}": float("nan") for who in ("real", "sim") for end in ("first", "second")})
+summary.update({f"{who}_case_delta_{end}": "n/a" for who in ("real", "sim") for end in ("first", "second")})
 for engine, g in verdict.groupby("engine", sort=False):
     who = "sim" if engine.startswith("simulator") else ("real" if engine == first_real else None)
     if who is None:
         continue
     case, control = pick(g, case_sources), pick(g, control_sources)
     if len(case):
-        summary[f"{who}_case_class"] = str(case.iloc[0]["cls"])
-        summary[f"{who}_case_delta_first"] = float(case.iloc[0]["d_first"])
-        summary[f"{who}_case_delta_second"] = float(case.iloc[0]["d_second"])
+        summary[f"{who}_case_class"] = present.label(case.iloc[0]["cls"])
+        summary[f"{who}_case_delta_first"] = present.signed(case.iloc[0]["d_first"], 3)
+        summary[f"{who}_case_delta_second"] = present.signed(case.iloc[0]["d_second"], 3)
     if len(control):
-        summary[f"{who}_control_class"] = str(control.iloc[0]["cls"])
+        summary[f"{who}_control_class"] = present.label(control.iloc[0]["cls"])
 for k, v in summary.items():
     glue(f"rq6_{k}", v, display=False)
 glue("rq6_first_real", first_real or "none", display=False)
@@ -269,10 +283,10 @@ glue("rq6_case_second", source_label(case_sources[1]), display=False)
 # :::{admonition} Finding
 # :class: tip pb-finding
 # On the real engine ({glue:text}`rq6_first_real`), {glue:text}`rq6_policies` ANWG at
-# {glue:text}`rq6_region` is {glue:text}`rq6_real_case_delta_first:+.3f` on
-# {glue:text}`rq6_case_first` and {glue:text}`rq6_real_case_delta_second:+.3f` on
+# {glue:text}`rq6_region` is {glue:text}`rq6_real_case_delta_first` on
+# {glue:text}`rq6_case_first` and {glue:text}`rq6_real_case_delta_second` on
 # {glue:text}`rq6_case_second`, where the simulator (engine model {glue:text}`rq6_engine`, all windows)
-# has {glue:text}`rq6_sim_case_delta_first:+.3f` and {glue:text}`rq6_sim_case_delta_second:+.3f`. The
+# has {glue:text}`rq6_sim_case_delta_first` and {glue:text}`rq6_sim_case_delta_second`. The
 # reversal classifier calls the case ({glue:text}`rq6_case_pair`)
 # **{glue:text}`rq6_real_case_class`** on the real engine and **{glue:text}`rq6_sim_case_class`** in
 # the simulator, and the control ({glue:text}`rq6_control_pair`)

@@ -41,7 +41,7 @@ import numpy as np
 import pandas as pd
 from myst_nb import glue
 
-from portbench import stats
+from portbench import present, stats
 from portbench.book import source_label
 from portbench.campaign import load_results, results_path as campaign_results_path
 from portbench.metrics import METRICS
@@ -87,15 +87,26 @@ fig, ax = plt.subplots(figsize=(10, 3.2))
 im = ax.imshow(ranks_new.to_numpy(), cmap="viridis_r", vmin=1, vmax=len(EXTENDED), aspect="auto")
 ax.set_yticks(range(len(RQ7_POLICIES)),
               [p + (" (oracle)" if p == ORACLE else "") for p in RQ7_POLICIES], fontsize=8)
-ax.set_xticks(range(len(cols)), [f"{s.split('_')[0]} {r}" for s, r in cols], rotation=90, fontsize=7)
+ax.set_xticks(range(len(cols)), [f"{source_label(s)} {r}" for s, r in cols], rotation=90, fontsize=7)
 for (i, j), v in np.ndenumerate(ranks_new.to_numpy()):
     ax.text(j, i, f"{v:.0f}", ha="center", va="center", fontsize=6,
             color="white" if v > len(EXTENDED) / 2 else "black")
-ax.set_title(f"rank among {len(EXTENDED)} policies ({metric}, {engine_model}; 1 = best)", fontsize=9)
-fig.colorbar(im, ax=ax, fraction=0.02)
+ax.set_title(f"rank among {len(EXTENDED)} policies ({present.label(metric)}, {engine_model}; 1 = best)", fontsize=9)
+fig.colorbar(im, ax=ax, fraction=0.02, label="rank (1 = best)")
 fig.tight_layout()
-fig.savefig(Path(output_dir) / "rq7_ranks.png", dpi=120)
-plt.show()
+present.figure("rq7_ranks", fig, output_dir, "rq7_ranks.png")
+
+# %% [markdown]
+# :::{glue:figure} rq7_ranks
+# :name: fig-rq7-ranks
+# :figclass: pb-wide
+# :alt: Heat map with one row per new engine scheduler and one column per source and operating region, each cell the scheduler's rank among the extended panel, written in the cell.
+#
+# **Where today's engine schedulers rank.** Each row is one of the six added schedulers, each column a
+# source in a region; the cell is its rank by mean ANWG among all {glue:text}`rq7_n_panel:d` policies
+# (1 = best, ties share the best rank). A row that changes colour across the columns is a scheduler
+# whose standing depends on the workload and the load.
+# :::
 
 # %%
 summary = pd.DataFrame({"best rank": ranks_new.min(axis=1), "median rank": ranks_new.median(axis=1),
@@ -107,7 +118,7 @@ glue("rq7_safe_default", safe, display=False)
 glue("rq7_safe_worst", int(deployable.loc[safe, "worst rank"]), display=False)
 glue("rq7_safe_median", float(deployable.loc[safe, "median rank"]), display=False)
 glue("rq7_oracle_median", float(summary.loc[ORACLE, "median rank"]), display=False)
-summary
+present.table(summary, digits=1)
 
 # %% [markdown]
 # ## Cross-source $\tau_b$ with the extended panel
@@ -119,10 +130,10 @@ cs_ext = stats.cross_source_table(table, metrics=(metric,), regions=regions, n_r
                                   seed=seed, policies=EXTENDED)
 cs = cs_ext[["region", "source_a", "source_b", "tau_b", "bca_low", "bca_high"]].copy()
 cs["tau_b (study's panel)"] = cs_study["tau_b"].to_numpy()
-glue("rq7_tau_min", float(cs["tau_b"].min()), display=False)
-glue("rq7_tau_median", float(cs["tau_b"].median()), display=False)
-glue("rq7_tau_study_median", float(cs["tau_b (study's panel)"].median()), display=False)
-cs.round(3)
+glue("rq7_tau_min", present.num(cs["tau_b"].min(), 2), display=False)
+glue("rq7_tau_median", present.num(cs["tau_b"].median(), 2), display=False)
+glue("rq7_tau_study_median", present.num(cs["tau_b (study's panel)"].median(), 2), display=False)
+present.table(cs, digits=3)
 
 # %% [markdown]
 # ## Reversals: which pairs flip between sources
@@ -141,7 +152,7 @@ glue("rq7_supported", int(len(sup)), display=False)
 glue("rq7_supported_new", int(involves_new.sum()), display=False)
 per_policy = pd.Series({p: int(((sup["policy_a"] == p) | (sup["policy_b"] == p)).sum()) for p in EXTENDED},
                        name="supported reversals")
-counts.to_frame("tests").T
+present.table(counts.to_frame("tests"))
 
 # %%
 fig, ax = plt.subplots(figsize=(7, 3))
@@ -150,8 +161,17 @@ per_policy.sort_values().plot.barh(ax=ax, color=["C1" if p in RQ7_POLICIES else 
 ax.set_xlabel("supported practical reversals involving the policy")
 ax.tick_params(labelsize=7)
 fig.tight_layout()
-fig.savefig(Path(output_dir) / "rq7_reversals.png", dpi=120)
-plt.show()
+present.figure("rq7_reversals", fig, output_dir, "rq7_reversals.png")
+
+# %% [markdown]
+# :::{glue:figure} rq7_reversals
+# :name: fig-rq7-reversals
+# :alt: Horizontal bar chart, one bar per policy of the extended panel, of the supported practical reversals that involve it; the new schedulers in orange, the study's policies in blue.
+#
+# **Which policies flip between sources.** The number of supported practical reversals (between two
+# sources, in one region) that involve each policy of the extended panel; orange bars are the added
+# engine schedulers. A long bar marks a policy whose advantage over some other policy does not port.
+# :::
 
 # %% [markdown]
 # ## Do the metrics agree?
@@ -163,7 +183,7 @@ pairs = pd.concat([c.pairs for c in cm], ignore_index=True)
 overall = stats.cross_metric_summary(pairs)
 glue("rq7_cm_median_tau", float(overall["median_tau"]), display=False)
 glue("rq7_cm_share_negative", float(overall["share_negative"]), display=False)
-pd.Series(overall).round(3).to_frame("extended panel")
+present.table(pd.Series(overall).rename(index=present.label).to_frame("extended panel"), digits=3)
 
 # %% [markdown]
 # ## Do the rankings survive a looser or tighter SLO?
@@ -182,7 +202,7 @@ else:
     display_slo = pd.DataFrame()
     for k in ("rq7_slo_median_tau", "rq7_slo_top1_changes", "rq7_slo_conditions"):
         glue(k, float("nan"), display=False)
-display_slo.round(3)
+present.table(display_slo, digits={"variant": 0, None: 3})
 
 # %% [markdown]
 # ## The one-workload claims, condition by condition
@@ -201,8 +221,8 @@ for p in NEW:
                    "beats FCFS on mean latency": f"{int(better_lat.sum())}/{len(better_lat)}",
                    f"{metric}: regions won per source": ", ".join(
                        f"{source_label(s)} {int(n)}/{int(k)}" for s, (n, k) in per_source.iterrows())})
-claims = pd.DataFrame(claims).set_index("policy")
-claims
+claims = pd.DataFrame(claims)
+present.table(claims)
 
 # %% [markdown]
 # ## How much survives a worse predictor?
@@ -251,16 +271,28 @@ for ax in axes:
     ax.set_xlabel("prediction error (%)")
 axes[1].legend(fontsize=7, bbox_to_anchor=(1.02, 1), loc="upper left")
 fig.tight_layout()
-fig.savefig(Path(output_dir) / "rq7_prediction_error.png", dpi=120)
-plt.show()
+present.figure("rq7_prediction_error", fig, output_dir, "rq7_prediction_error.png")
 wide = pe.pivot(index="policy", columns="prediction_error", values=metric)
 if 0.0 in wide and 1.0 in wide and "sjf_aging" in wide.index:
-    glue("rq7_sjf_change", float(wide.loc["sjf_aging", 1.0] - wide.loc["sjf_aging", 0.0]), display=False)
+    glue("rq7_sjf_change", present.signed(wide.loc["sjf_aging", 1.0] - wide.loc["sjf_aging", 0.0], 3),
+         display=False)
     glue("rq7_sjf_rank_0", float(pe.set_index(["policy", "prediction_error"]).loc[("sjf_aging", 0.0),
                                                                                  "mean_rank"]), display=False)
     glue("rq7_sjf_rank_1", float(pe.set_index(["policy", "prediction_error"]).loc[("sjf_aging", 1.0),
                                                                                  "mean_rank"]), display=False)
-wide.round(3)
+present.table(wide.rename(columns=lambda e: f"{e:.0%} error"), digits=3)
+
+# %% [markdown]
+# :::{glue:figure} rq7_prediction_error
+# :name: fig-rq7-prediction-error
+# :figclass: pb-wide
+# :alt: Two line charts against the length predictor's error from 0 to 100 percent: each tracked policy's mean rank (left) and mean ANWG (right) at the chosen region; dashed lines for policies that read no prediction.
+#
+# **How much a worse length predictor costs.** Left: each tracked policy's mean rank at
+# {glue:text}`rq7_prediction_region` across sources (1 = best) as the predictor's error grows; right:
+# its mean ANWG there. Dashed lines are policies that read no prediction: they move only because the
+# others do. A steep solid line is a policy that depends on a good predictor.
+# :::
 
 # %% [markdown]
 # ## On a real engine: SJF with aging and priority scheduling against vLLM's FCFS
@@ -290,7 +322,7 @@ wide.round(3)
 # the accepted runs alone.
 
 # %%
-from IPython.display import display
+from IPython.display import Markdown, display
 
 from portbench import fidelity, store
 from portbench.engine_v1 import StepCost
@@ -362,25 +394,28 @@ if real_engine_run and real_runs_path.exists() and real_cost_path.exists():
         ax.set_title(f"{p} − fifo ({metric})")
         ax.set_xlabel("simulator counterpart")
     np.atleast_1d(axes)[0].set_ylabel("real engine (bar: the two repetitions)")
-    np.atleast_1d(axes)[-1].legend(fontsize=8)
+    np.atleast_1d(axes)[-1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
-    fig.savefig(Path(output_dir) / "rq7_real_engine.png", dpi=120)
-    plt.show()
+    present.figure("rq7_real_engine", fig, output_dir, "rq7_real_engine.png")
 
     means = real_table.groupby(level="policy")[["Δ real", "Δ counterpart", "Δ campaign"]].mean()
     parts = []
     for p in REAL_NEW:
         ci = real_table.loc[p]
         up, down, k = int((ci["real CI low"] > 0).sum()), int((ci["real CI high"] < 0).sum()), len(ci)
-        parts.append(f"{p} − FCFS averages {means.loc[p, 'Δ real']:+.3f} ANWG over the sources, its 95% CI "
-                     f"above zero on {up} and below zero on {down} of {k} sources (counterpart "
-                     f"{means.loc[p, 'Δ counterpart']:+.3f}, campaign {means.loc[p, 'Δ campaign']:+.3f})")
+        if up == 0 and down == 0:
+            where = f"its 95% CI includes zero on all {k} sources"
+        else:
+            where = (f"its 95% CI above zero on {up} and below zero on {down} of {k} sources")
+        parts.append(f"{p} − FCFS averages {present.signed(means.loc[p, 'Δ real'], 3)} ANWG over the sources, "
+                     f"{where} (counterpart {present.signed(means.loc[p, 'Δ counterpart'], 3)}, campaign "
+                     f"{present.signed(means.loc[p, 'Δ campaign'], 3)})")
     real_sentence = (
         f"On vLLM's CPU build ({len(real_windows)} windows at HIGH_PRESSURE, {len(real_runs)} runs"
         + (f", the {n_flagged} that the host guard flagged left out" if exclude_host_flagged
            else f", {n_flagged} of them flagged by the host guard and kept") + "), "
         + "; ".join(parts)
-        + f". Two runs of the same window and policy differ by {noise:.3f} ANWG on average, and the "
+        + f". Two runs of the same window and policy differ by {present.num(noise, 3)} ANWG on average, and the "
         f"real and simulated differences share their sign in {int(agree['same'].sum())} of "
         f"{len(agree)} (window, policy) pairs.")
     # the guard against the runs' own steps: each run's median step time ÷ the refitted cost's
@@ -402,11 +437,28 @@ if real_engine_run and real_runs_path.exists() and real_cost_path.exists():
     glue("rq7_real_flagged", n_flagged, display=False)
     glue("rq7_real_noise", noise, display=False)
     glue("rq7_real_preemptions_sim", n_pre, display=False)
-    print(f"vllm_priority counterparts preempted {n_pre} times (the real vLLM v1 priority policy has no "
-          "waiting-triggered preemption)")
-    display(real_table.round(3))
+    display(Markdown(f"The `vllm_priority` counterparts preempted {present.count(n_pre, 'time')} in the "
+                     "simulator (the real vLLM v1 priority policy has no waiting-triggered preemption)."))
+    display(present.table(real_table, digits={"windows": 0, None: 3}))
+else:
+    fig, ax = plt.subplots(figsize=(6, 1.2))
+    ax.axis("off")
+    ax.text(0.5, 0.5, "no real-engine run of these schedulers on disk", ha="center", va="center")
+    present.figure("rq7_real_engine", fig)
 glue("rq7_real_sentence", real_sentence, display=False)
-print(real_sentence)
+
+# %% [markdown]
+# :::{glue:figure} rq7_real_engine
+# :name: fig-rq7-real-engine
+# :figclass: pb-wide
+# :alt: Two scatter plots, one per new scheduler, of each window's real-engine ANWG difference from FCFS against the simulator counterpart's, coloured by source, with bars spanning the two repetitions and a dotted diagonal.
+#
+# **Does the simulator predict the real engine's differences?** Each point is one window: the
+# scheduler's ANWG minus FCFS's on vLLM's CPU build (vertical; the bar spans the two repetitions)
+# against the same difference in the simulator counterpart (horizontal). Points on the dotted diagonal
+# are predicted exactly; points in the upper-left or lower-right quadrants have the sign wrong. Bars
+# longer than the distance between points mean the real engine's run-to-run noise hides the effect.
+# :::
 
 # %% [markdown]
 # :::{admonition} Finding
@@ -415,11 +467,11 @@ print(real_sentence)
 # best worst case across sources and regions is **{glue:text}`rq7_safe_default`** (worst rank
 # {glue:text}`rq7_safe_worst` of {glue:text}`rq7_n_panel`, median {glue:text}`rq7_safe_median:.1f`);
 # the SRPT oracle's median rank is {glue:text}`rq7_oracle_median:.1f`. With the six added, the
-# median cross-source $\tau_b$ is {glue:text}`rq7_tau_median:.2f` (study's panel
-# {glue:text}`rq7_tau_study_median:.2f`; lowest {glue:text}`rq7_tau_min:.2f`), and
+# median cross-source $\tau_b$ is {glue:text}`rq7_tau_median` (study's panel
+# {glue:text}`rq7_tau_study_median`; lowest {glue:text}`rq7_tau_min`), and
 # {glue:text}`rq7_supported_new` of the {glue:text}`rq7_supported` supported reversals among
 # {glue:text}`rq7_n_tests` tests involve a new policy. From a perfect to a 100%-error predictor, SJF
 # with aging's mean ANWG at {glue:text}`rq7_prediction_region` changes by
-# {glue:text}`rq7_sjf_change:+.3f` (mean rank {glue:text}`rq7_sjf_rank_0:.1f` →
+# {glue:text}`rq7_sjf_change` (mean rank {glue:text}`rq7_sjf_rank_0:.1f` →
 # {glue:text}`rq7_sjf_rank_1:.1f`). {glue:text}`rq7_real_sentence:s`
 # :::

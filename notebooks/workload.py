@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 from myst_nb import glue
 
-from portbench import characterise, store
+from portbench import characterise, present, store
 from portbench.book import source_label
 from portbench.campaign import load_results
 
@@ -45,7 +45,7 @@ glue("wl_n_windows", len(windows), display=False)
 glue("wl_n_sources", len(sources), display=False)
 glue("wl_engine", engine_model, display=False)
 per_source_windows = desc.groupby("source")["window_id"].count()
-glue("wl_sources_desc", "; ".join(f"{source_label(s)} ({s}, {n} windows)" for s, n in per_source_windows.items()),
+glue("wl_sources_desc", "; ".join(f"{source_label(s)} ({n} windows)" for s, n in per_source_windows.items()),
      display=False)
 sizes = sorted(set(desc["n_requests"]))
 glue("wl_requests_per_window", f"{sizes[0]}" if len(sizes) == 1 else f"{sizes[0]}–{sizes[-1]}", display=False)
@@ -54,7 +54,7 @@ summary = desc.groupby("source").agg(
     gap_cv=("gap_cv", "median"), input_mean=("input_mean", "mean"), input_max=("input_max", "max"),
     output_mean=("output_mean", "mean"), prompts_over_2560=("prompts_over_vllm_budget", "sum"),
     lambda_ref_min=("paper_lambda_ref", "min"), lambda_ref_max=("paper_lambda_ref", "max"))
-summary.round(2)
+present.table(summary.rename(index=present.label), digits={"gap_cv": 2, "input_mean": 0, "output_mean": 0, "duration_s": 0, "rate_rps": 2, None: 3})
 
 # %% [markdown]
 # Medians over windows for duration, rate and inter-arrival CV; means of the per-window token means;
@@ -79,7 +79,20 @@ axes[2].set_xscale("log"); axes[2].set_yscale("log")
 axes[2].set_xlabel("window arrival rate (req/s, trace time)"); axes[2].set_ylabel("study's λ_ref")
 axes[0].legend(fontsize=8)
 fig.tight_layout()
-fig.savefig(Path(output_dir) / "workload_tokens.png", dpi=120)
+present.figure("workload_tokens", fig, output_dir, "workload_tokens.png")
+
+# %% [markdown]
+# :::{glue:figure} workload_tokens
+# :name: fig-workload-tokens
+# :figclass: pb-wide
+# :alt: Three panels: histograms of log10 prompt tokens and of log10 response tokens per source, and a log-log scatter of each window's arrival rate against the study's lambda_ref, coloured by source.
+#
+# **The three sources differ in kind, not only in rate.** Left and middle: the distribution of prompt
+# and response lengths per source (log scale; the dotted line is the 2,560-token budget that a longer
+# prompt exceeds under the vLLM v0.1.0 policy). Right: each window's arrival rate in trace time against
+# the study's λ_ref — the compression at which FIFO starts to miss deadlines; windows far apart on this
+# plot are "the same load" only after each is scaled by its own λ_ref.
+# :::
 
 # %% [markdown]
 # ## The campaign's λ_ref beside the study's
@@ -95,9 +108,12 @@ lam["paper_lambda_ref"] = manifest.loc[lam.index, "paper_lambda_ref"]
 lam["relative_difference"] = (lam["lambda_ref"] / lam["paper_lambda_ref"] - 1).abs()
 glue("lambda_max_rel_diff", float(lam["relative_difference"].max()), display=False)
 glue("lambda_n_windows", int(len(lam)), display=False)
-print(f"engine model {engine_model}: {len(lam)} windows; largest relative difference to the study's "
-      f"λ_ref: {lam['relative_difference'].max():.3g}")
-lam.groupby("source")[["lambda_ref", "paper_lambda_ref", "relative_difference"]].agg(["min", "max"])
+largest = float(lam["relative_difference"].max())
+glue("lambda_agreement", (f"equals the study's on all {len(lam)} windows" if largest == 0 else
+                          f"differs from the study's by at most {present.sci(largest, 1)} (relative) over "
+                          f"{len(lam)} windows"), display=False)
+present.table(lam.groupby("source")[["lambda_ref", "paper_lambda_ref", "relative_difference"]]
+              .agg(["min", "max"]).rename(index=present.label), digits=4)
 
 # %% [markdown]
 # ## What sets λ_ref?
@@ -116,7 +132,7 @@ table_causes = causes.groupby(["source", "cause"]).size().unstack(fill_value=0)
 for cause in ("intrinsic", "queueing"):
     if cause not in table_causes:
         table_causes[cause] = 0
-table_causes
+present.table(table_causes.rename(index=present.label))
 
 # %%
 per_source = causes.groupby("source").size()
@@ -138,10 +154,21 @@ ax.barh([source_label(s) for s in sources], queueing.to_numpy(), color="C0", lab
 ax.barh([source_label(s) for s in sources], intrinsic.to_numpy(), left=queueing.to_numpy(), color="C3",
         label="intrinsic knee (one request's own slack)")
 ax.set_xlabel("windows")
-ax.legend(fontsize=8, loc="lower right")
+ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
 ax.set_title("What sets each window's λ_ref")
 fig.tight_layout()
-fig.savefig(Path(output_dir) / "workload_knee_causes.png", dpi=120)
+present.figure("workload_knee_causes", fig, output_dir, "workload_knee_causes.png")
+
+# %% [markdown]
+# :::{glue:figure} workload_knee_causes
+# :name: fig-workload-knee-causes
+# :alt: Stacked horizontal bars, one per source, counting windows whose lambda_ref is a queueing knee and windows whose knee is set by one request's own too-short slack.
+#
+# **What sets each window's λ_ref.** Per source, the windows whose first missed deadline just above
+# λ_ref is a queueing effect (blue) and those where it belongs to a request that could not have met
+# its deadline under any scheduler (red). The more red, the less "high pressure" means a saturated
+# engine on that source.
+# :::
 
 # %% [markdown]
 # So "HIGH_PRESSURE" does not mean the same thing across sources. Where λ_ref is a queueing knee, the
@@ -158,6 +185,5 @@ fig.savefig(Path(output_dir) / "workload_knee_causes.png", dpi=120)
 # {glue:text}`wl_intrinsic_ratio_median:.3f`), not to queueing. Queueing knees elsewhere:
 # {glue:text}`wl_queueing_others`. The same name for a load level ("HIGH_PRESSURE") therefore means a
 # saturated engine on some sources and a lightly loaded one on others. The campaign's λ_ref (engine
-# model {glue:text}`wl_engine`) differs from the study's by at most
-# {glue:text}`lambda_max_rel_diff:.3g` (relative) over {glue:text}`lambda_n_windows:d` windows.
+# model {glue:text}`wl_engine`) {glue:text}`lambda_agreement`.
 # :::

@@ -33,7 +33,8 @@ FIGURES_DIR = BOOK_DIR / "figures"
 
 #: Notebooks in book order (file stem).
 NOTEBOOKS = ("workload", "rq1_cross_source", "rq2_reversals", "rq3_cross_metric", "rq4_regions_slo",
-             "rq5_sample_complexity", "rq6_real_engine", "fidelity", "rq7_engine_schedulers", "comparison",
+             "rq5_sample_complexity", "rq6_real_engine", "fidelity", "rq7_engine_schedulers", "rq8_open_questions",
+             "comparison",
              "add_your_scheduler")
 
 #: Parameters every notebook accepts, with the book's defaults.
@@ -212,6 +213,32 @@ def _check_source_pair(v):
     return f"unknown source(s) {unknown}; sources: {', '.join(known)}" if unknown else None
 
 
+def _check_each(check):
+    def run(values):
+        for v in values:
+            try:
+                check(v)
+            except ValueError as exc:
+                return str(exc)
+        return None if values else "must name at least one value"
+    return run
+
+
+def _check_window_size(v):
+    from .open_questions import check_window_size
+    return check_window_size(v)
+
+
+def _check_slo_kind(v):
+    from .open_questions import check_slo_kind
+    return check_slo_kind(v)
+
+
+def _check_weighting(v):
+    from .open_questions import check_weighting
+    return check_weighting(v)
+
+
 #: Checks of a parameter's value beyond its type, by parameter name (a message, or None when fine).
 CHECKS = {
     "metric": _check_metric,
@@ -228,6 +255,10 @@ CHECKS = {
     "n_resamples": lambda v: None if v >= 1 else "must be ≥ 1",
     "n_draws": lambda v: None if v >= 1 else "must be ≥ 1",
     "sizes": lambda v: None if v and min(v) >= 1 else "must be positive window counts",
+    "window_sizes": _check_each(_check_window_size),
+    "slo_kinds": _check_each(_check_slo_kind),
+    "weightings": _check_each(_check_weighting),
+    "tie_rtol": lambda v: None if 0 <= v < 1 else "must lie in [0, 1)",
 }
 
 
@@ -398,8 +429,16 @@ def parameters_markdown(name: str, declared: dict[str, Parameter], values: dict)
     ])
 
 
+def download_line(name: str) -> str:
+    """The line under a chapter's parameters box that offers its executed notebook for download."""
+    return (f"**Download this chapter's notebook:** {{download}}`{name}.ipynb <{name}.ipynb>` (executed, "
+            f"with every output; its source is `notebooks/{name}.py`). The campaign tables and real-engine "
+            f"files behind the figures: {{doc}}`/data`.")
+
+
 def dress_for_reading(nb, declared: dict[str, Parameter], values: dict, name: str) -> None:
-    """Fold code, drop the two parameters cells, and show one table of this build's parameters."""
+    """Fold code, drop the two parameters cells, and show one table of this build's parameters,
+    followed by a line that offers the executed notebook for download (:func:`download_line`)."""
     import nbformat
 
     cells = []
@@ -410,6 +449,9 @@ def dress_for_reading(nb, declared: dict[str, Parameter], values: dict, name: st
                 box = nbformat.v4.new_markdown_cell(parameters_markdown(name, declared, values))
                 box.metadata["tags"] = ["build-parameters"]
                 cells.append(box)
+                line = nbformat.v4.new_markdown_cell(download_line(name))
+                line.metadata["tags"] = ["download-notebook"]
+                cells.append(line)
             cell.metadata["tags"] = tags + ["remove-cell"]
         elif cell.cell_type == "code" and not _DISPLAY_TAGS & set(tags):
             cell.metadata["tags"] = tags + ["hide-input"]
@@ -423,6 +465,122 @@ def executed_parameters(path: Path) -> dict:
     """The parameters an executed notebook ran with (empty for one not executed by this module)."""
     import nbformat
     return dict(nbformat.read(path, as_version=4).metadata.get("portbench", {}).get("parameters", {}))
+
+
+# ---------------------------------------------------------------------------------------------
+# Data downloads: the files the book reads, offered on its "Data downloads" page (book/data.md)
+
+#: Folder (under the book's folder; generated, not committed) that holds the copies the site offers.
+DOWNLOADS = "downloads"
+
+#: What a real-engine file holds, by the end of its name (see data/README.md).
+REALENGINE_CONTENTS = (
+    ("_case_runs.parquet", "case runs: one row per (window, policy, repetition), real-engine and "
+                           "simulator λ_ref, the 11 metrics, host probes where guarded"),
+    ("_case_requests.parquet", "per request: arrival, deadline, tokens, admission, first-token and "
+                               "finish times"),
+    ("_case_calibration.parquet", "the real-engine λ_ref bisection probes (λ, FIFO violation rate)"),
+    ("_case_attempts.parquet", "every attempt of every guarded run, re-runs included"),
+    ("_case_steps.parquet", "every engine step of every attempt (duration, queue lengths, prefill "
+                            "tokens, decoding sequences, context tokens)"),
+    ("_step_profile.parquet", "engine step time against prefill tokens, decoding sequences and "
+                              "context tokens"),
+    ("_fit_by_range.parquet", "the refitted step-cost model's error by prefill/decode range"),
+    ("_cost.json", "the step-cost model refitted to the step profile"),
+    ("_tuning.json", "engine settings, probe settings and each window's real-engine λ_ref"),
+    ("_case.json", "provenance: engine and versions, model shape, hardware, date, case settings"),
+)
+
+#: Columns of the campaign tables that identify a condition (the means CSV averages over windows).
+CONDITION_COLUMNS = ("source", "region", "slo_multiplier", "prediction_error", "policy")
+
+
+def human_size(n_bytes: int) -> str:
+    """``1.9 MB``, ``36 kB``, ``298 bytes`` (decimal units)."""
+    if n_bytes < 1000:
+        return f"{n_bytes} bytes"
+    for unit, scale in (("kB", 1e3), ("MB", 1e6), ("GB", 1e9)):
+        if n_bytes < scale * 1000 or unit == "GB":
+            value = n_bytes / scale
+            return f"{value:.0f} {unit}" if value >= 100 else f"{value:.1f} {unit}"
+    raise AssertionError("unreachable")
+
+
+def condition_means_table(table):
+    """Per condition (source, region, SLO multiplier, prediction error where present, policy): the
+    mean of every metric over windows (repetitions averaged first, undefined values left out, as in
+    :func:`portbench.stats.condition_means`) and the number of windows."""
+    from .metrics import METRICS
+
+    missing = [c for c in ("window_id", "source", "region", "policy", *METRICS) if c not in table]
+    if missing:
+        raise ValueError(f"not a campaign table: no column(s) {missing}")
+    keys = [c for c in CONDITION_COLUMNS if c in table]
+    per_window = table.groupby(keys + ["window_id"], sort=True)[list(METRICS)].mean()
+    grouped = per_window.groupby(level=keys, sort=True)
+    out = grouped.mean()
+    out.insert(0, "n_windows", grouped.size())
+    return out.reset_index()
+
+
+def _realengine_contents(name: str) -> str:
+    for end, what in REALENGINE_CONTENTS:
+        if name.endswith(end):
+            return what
+    return "provenance" if name.endswith(".json") else "real-engine results"
+
+
+def prepare_downloads(book_dir: Path = BOOK_DIR, data_dir: Path | None = None) -> list[dict]:
+    """Copy the campaign tables and the real-engine files into ``book_dir/downloads/``, write a CSV
+    of per-condition means beside each campaign table, and write ``downloads/files.md``: the table
+    of links (with size and content) that the book's "Data downloads" page includes. Sphinx copies
+    every linked file into the built site, so the links work offline. Returns one row per file."""
+    from .campaign import results_dir
+
+    book_dir = Path(book_dir)
+    out = book_dir / DOWNLOADS
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    results = results_dir(data_dir)
+    rows = []
+
+    def add(src: Path, group: str, what: str, dest_name: str | None = None) -> None:
+        dest = out / (dest_name or src.name)
+        if src != dest:
+            shutil.copyfile(src, dest)
+        rows.append({"group": group, "file": dest.name, "bytes": dest.stat().st_size, "contents": what})
+
+    import pandas as pd
+
+    for path in sorted(results.glob("campaign_*.parquet")):
+        stem = path.stem.removeprefix("campaign_")
+        engine, _, err = stem.partition("_prederr")
+        error = f"{float(err):.0%} prediction error" if err else "the study's 20% prediction error"
+        add(path, "campaign", f"every cell of engine model `{engine}`, {error}")
+        means = condition_means_table(pd.read_parquet(path))
+        means_path = out / f"condition_means_{stem}.csv"
+        means.to_csv(means_path, index=False, float_format="%.6g")
+        add(means_path, "campaign", f"per-condition means of `{path.name}` ({len(means):,} conditions)")
+    for path in sorted(results.glob("lambda_ref_*.csv")):
+        add(path, "campaign", f"per window: λ_ref of engine model `{path.stem.removeprefix('lambda_ref_')}` "
+                              f"beside the study's")
+    real = results / "realengine"
+    for path in sorted(real.glob("*")) if real.exists() else ():
+        if path.is_file():
+            add(path, "real engine", _realengine_contents(path.name))
+    if not rows:
+        raise FileNotFoundError(f"no campaign tables in {results}: run `portbench campaign` first")
+    lines = []
+    for group, title in (("campaign", "Campaign tables"), ("real engine", "Real-engine runs (vLLM, CPU build)")):
+        mine = [r for r in rows if r["group"] == group]
+        if not mine:
+            continue
+        lines += [f"## {title}", "", "| file | size | what it holds |", "|---|---|---|"]
+        lines += [f"| {{download}}`{r['file']} <{DOWNLOADS}/{r['file']}>` | {human_size(r['bytes'])} | "
+                  f"{r['contents'].replace('|', '/')} |" for r in mine]
+        lines.append("")
+    (out / "files.md").write_text("\n".join(lines))
+    return rows
 
 
 # ---------------------------------------------------------------------------------------------
@@ -443,6 +601,7 @@ def build_html(strict: bool = False, book_dir: Path = BOOK_DIR, quiet: bool = Fa
         cmd += ["-W", "-n", "--keep-going"]
     if quiet:
         cmd += ["-q"]
+    prepare_downloads(book_dir)
     # Pages paste numbers from other pages' notebooks, which Sphinx does not track: read them all.
     shutil.rmtree(book_dir / "_build" / ".doctrees", ignore_errors=True)
     # Figures are rewritten by every run: stale copies would make Sphinx warn that it overwrites them.
@@ -475,7 +634,7 @@ def build_book(parameters: dict | None = None, notebooks=None, strict: bool = Fa
                            names)
     if book_dir.resolve() != BOOK_DIR.resolve():
         shutil.copytree(BOOK_DIR, book_dir, dirs_exist_ok=True,
-                        ignore=shutil.ignore_patterns("_build", "executed", "figures"))
+                        ignore=shutil.ignore_patterns("_build", "executed", "figures", DOWNLOADS))
     for k, name in enumerate(names, 1):
         t0 = time.perf_counter()
         if progress:

@@ -46,6 +46,24 @@ def _campaign(args) -> int:
     return 0
 
 
+def _rq8_campaign(args) -> int:
+    from .open_questions import RQ8_WINDOW_SIZES, SubWindowConfig, run_subwindow_campaign, subwindow_results_current
+    from .regions import REGIONS
+
+    configs = [SubWindowConfig(window_size=size, engine_model=args.engine_model,
+                               regions=tuple(args.regions or REGIONS),
+                               window_ids=tuple(args.windows) if args.windows else None)
+               for size in (args.window_sizes or RQ8_WINDOW_SIZES)]      # every size checked first
+    for config in configs:
+        if not args.force and subwindow_results_current(config, args.data_dir):
+            print(f"RQ8 results for {config.window_size}-request windows are up to date: nothing to do "
+                  "(--force recomputes)")
+            continue
+        run_subwindow_campaign(config, data_dir=args.data_dir, workers=args.workers,
+                               progress=not args.quiet)
+    return 0
+
+
 #: The prediction-error levels of RQ7's sweep besides the study's 0.2.
 RQ7_PREDICTION_ERRORS = (0.0, 0.5, 1.0)
 
@@ -139,6 +157,13 @@ def _book(args) -> int:
             else:
                 print("running the campaign (cached windows are reused) ...")
                 print(run_campaign(config, data_dir=args.data_dir, progress=not args.quiet).line())
+        # RQ8: the study's primary panel on the frozen windows and on sub-windows cut from them
+        from .open_questions import RQ8_WINDOW_SIZES, SubWindowConfig, run_subwindow_campaign, \
+            subwindow_results_current
+        for size in RQ8_WINDOW_SIZES:
+            config = SubWindowConfig(window_size=size, engine_model=engine)
+            if not subwindow_results_current(config, args.data_dir):
+                run_subwindow_campaign(config, data_dir=args.data_dir, progress=not args.quiet)
     t0 = time.perf_counter()
     index = book.build_book(params, notebooks=args.notebooks, strict=args.strict,
                             progress=not args.quiet,
@@ -196,6 +221,26 @@ def register(sub) -> None:
                    help="recompute even if the results table is up to date (the cache is still used)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_campaign)
+
+    p = sub.add_parser(
+        "rq8-campaign", help="RQ8: the primary panel on sub-windows, with per-phase SLOs and ANWG weightings",
+        description="Cut each frozen window into consecutive sub-windows of each --window-sizes (200: the "
+                    "windows themselves), calibrate every sub-window's own λ_ref, and simulate the study's "
+                    "primary panel in every region at the base SLO, with the study's 11 metrics plus "
+                    "TTFT/TPOT attainment and ANWG under other weightings. Writes "
+                    "data/results/rq8_<engine>_n<size>.parquet; finished windows are cached, so a rerun "
+                    "reuses them and a killed run resumes. Windows longer than 200 requests need the raw "
+                    "traces: `portbench windows add --window-size N`, then `portbench campaign`.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--window-sizes", nargs="+", type=int, metavar="N",
+                   help="requests per sub-window, dividing 200 (default: 50 100 200)")
+    p.add_argument("--engine-model", default="lssp", help="engine model")
+    p.add_argument("--regions", nargs="+", help="operating regions (default: all six)")
+    p.add_argument("--windows", nargs="+", help="frozen window ids to cut (default: all)")
+    p.add_argument("--workers", type=int, help="worker processes (default: all cores)")
+    p.add_argument("--force", action="store_true", help="rewrite the tables even if up to date")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_rq8_campaign)
 
     p = sub.add_parser("calibrate", help="find each window's λ_ref and compare with the study's",
                        description="Bisection on FIFO's SLO-violation knee, per window, printed beside "

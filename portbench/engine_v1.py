@@ -80,7 +80,15 @@ class StepCost:
     """Step time = fixed + per prefill token + per decoding sequence + per context token read (s),
     plus ``gap_s``: the engine's time between the end of one step and the start of the next (its own
     bookkeeping and the serving loop's), added to every step. The default gap of 0 leaves every
-    simulation as it was without the term."""
+    simulation as it was without the term.
+
+    A cost object may instead time each step itself: one with a method ``step_ps(step, start_ps,
+    prefill, decodes, context, scheduled)`` (the step's index and start in picoseconds, its prefill
+    tokens, decoding sequences, context tokens and scheduled requests; returns its time, gap included,
+    in integer picoseconds) is asked at every step, and the engine then walks every step (no
+    closed-form pure-decode or idle stretch). It still needs ``picoseconds()`` and ``fixed_s`` (the
+    model's nominal step and quiet-step bound). :mod:`portbench.fidelity` has two: a real run's
+    recorded step times, and a cost fitted per batch shape."""
 
     fixed_s: float = 5.75e-3
     per_prefill_token_s: float = 17.3e-6
@@ -394,6 +402,8 @@ class _V1Engine:
         self.last_step_start_ps = 0
         self.n_preemptions = 0
         self._c = model.cost.picoseconds()
+        # A cost with a per-step method (step_ps) times each step itself; no closed-form stretch then.
+        self._step_ps = getattr(model.cost, "step_ps", None)
         self._kv = 0                    # Σ computed tokens over running requests
         self.prev_kv_used = 0           # _kv at the start of the last executed step
         self._wait_heap: list[tuple[int, int]] = []   # (target, request) of waiting ones, and stale rows
@@ -636,7 +646,10 @@ class _V1Engine:
         c0, cp, cd, cc, cg = self._c
         self.last_step_start_ps = self.t_ps
         self.prev_kv_used = kv_at_start
-        self.t_ps += c0 + cg + cp * prefill + cd * decodes + cc * context
+        if self._step_ps is None:
+            self.t_ps += c0 + cg + cp * prefill + cd * decodes + cc * context
+        else:
+            self.t_ps += self._step_ps(self.step, self.t_ps, prefill, decodes, context, n_sched)
         self.step += 1
         n_fin, freed, kv, mid_prefill = _advance(self._sched, n_sched, st, self.t_ps, self._finished)
         self._kv += kv
@@ -709,6 +722,8 @@ class _V1Engine:
         ``blocked``: no waiting request can be admitted during them (and the policy only admits), so
         neither the policy's timers nor arrivals that could not be admitted either end the stretch.
         """
+        if self._step_ps is not None:
+            return 0                    # a per-step cost: every step is walked
         m = self.model
         D = len(self.running)
         C0 = self._kv
@@ -745,6 +760,8 @@ class _V1Engine:
         """How many next steps repeat an idle one (see ``_execute_step``): each lasts the fixed cost
         and starts before the next arrival, the last decision's clock timer and the drain bound (its
         claim: the same answer until an arrival or ``wake_at_s``)."""
+        if self._step_ps is not None:
+            return 0                    # a per-step cost: every step is walked
         d = self._decision
         k = _MAX_STRETCH
         if nxt < self.n:

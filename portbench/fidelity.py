@@ -253,3 +253,620 @@ def sim_vs_real(runs: pd.DataFrame, requests: pd.DataFrame, windows: dict, cost,
             summary["n_refused_mismatch"] = int(
                 (req.loc[known, "refused_real"].astype(bool) != req.loc[known, "refused_sim"]).sum())
     return req, run_frame, summary
+
+
+# --- the real engine's step log ------------------------------------------------------------------
+#: The columns that name one real run (a window, a policy, a repetition).
+RUN_KEYS = ["window_id", "policy", "repetition"]
+
+#: Batch shapes of a step: prompt tokens only, one-token decodes only, or both in the same step.
+SHAPES = ("prefill only", "decode only", "mixed")
+
+
+def batch_shape(prefill, decode) -> np.ndarray:
+    """Each step's batch shape (:data:`SHAPES`; "empty" when nothing was scheduled)."""
+    p, d = np.asarray(prefill) > 0, np.asarray(decode) > 0
+    return np.select([p & ~d, ~p & d, p & d], list(SHAPES), "empty")
+
+
+def run_steps(steps: pd.DataFrame) -> pd.DataFrame:
+    """The kept attempt's steps of each run, in order, with ``end_s`` (start + duration), ``busy``
+    (the engine had unfinished requests after the step, so the next step followed at once),
+    ``gap_s`` (the next step's start − this step's end, where busy) and ``shape``."""
+    if "kept" in steps:
+        steps = steps[steps["kept"].astype(bool)]
+    missing = {"start_s", "duration_s", "prefill_tokens", "decode_seqs", "context_tokens",
+               "scheduled_seqs", "running", "waiting"} - set(steps.columns)
+    if missing:
+        raise ValueError(f"step log lacks columns {sorted(missing)}")
+    steps = steps.sort_values(RUN_KEYS + ["step"]).reset_index(drop=True)
+    end = steps["start_s"] + steps["duration_s"]
+    same = (steps[RUN_KEYS].shift(-1) == steps[RUN_KEYS]).all(axis=1)
+    busy = same & (steps["running"] + steps["waiting"] > 0)
+    nxt = steps["start_s"].shift(-1)
+    return steps.assign(end_s=end, busy=busy, next_start_s=nxt.where(same),
+                        gap_s=(nxt - end).where(busy),
+                        shape=batch_shape(steps["prefill_tokens"], steps["decode_seqs"]))
+
+
+# --- replayed cost: the k-th simulated step takes as long as the real k-th step did --------------
+class ReplayedStepTimes:
+    """A step cost for :class:`portbench.engine_v1.VllmV1Model` that replays one real run's step
+    times: step ``k`` ends where the real step ``k`` was followed by the real step ``k + 1`` (its
+    start), or at the real step's end where the real engine then waited for an arrival; so each
+    simulated step starts when the real one did, whatever the batch. Steps beyond the real run's
+    last are timed by ``fallback`` (a :class:`~portbench.engine_v1.StepCost`); ``beyond`` counts them.
+    Every step's batch is logged (:meth:`log`)."""
+
+    def __init__(self, run_steps_frame: pd.DataFrame, fallback):
+        from .engine_v1 import PS
+
+        frame = run_steps_frame.sort_values("step")
+        if len(frame) and not (frame["step"].to_numpy() == np.arange(len(frame))).all():
+            raise ValueError("a run's step log must number its steps 0, 1, 2, ... without gaps")
+        self.fallback = fallback
+        self.fixed_s = fallback.fixed_s
+        target = np.where(frame["busy"].to_numpy(dtype=bool), frame["next_start_s"].to_numpy(),
+                          frame["end_s"].to_numpy())
+        self._target_ps = np.round(target * PS).astype(np.int64).tolist()
+        self._rows: list[tuple] = []
+        self.beyond = 0
+
+    def picoseconds(self):
+        return self.fallback.picoseconds()
+
+    def step_ps(self, step, start_ps, prefill, decodes, context, scheduled) -> int:
+        if step < len(self._target_ps):
+            dur = max(1, self._target_ps[step] - start_ps)
+        else:
+            c0, cp, cd, cc, cg = self.fallback.picoseconds()
+            dur = c0 + cg + cp * prefill + cd * decodes + cc * context
+            self.beyond += 1
+        self._rows.append((step, start_ps, start_ps + dur, prefill, decodes, context, scheduled))
+        return dur
+
+    def log(self) -> pd.DataFrame:
+        """The simulated steps: ``step, start_ps, end_ps, prefill_tokens, decode_seqs,
+        context_tokens, scheduled_seqs``."""
+        return pd.DataFrame(self._rows, columns=["step", "start_ps", "end_ps", "prefill_tokens", "decode_seqs",
+                                                 "context_tokens", "scheduled_seqs"])
+
+
+def _step_index(times, edges, *, tol: float = 1e-7) -> np.ndarray:
+    """For each time (s) the index of the step edge (sorted step starts or ends, s) within ``tol``
+    of it; -1 where none is (and for NaN)."""
+    times, edges = np.asarray(times, dtype=float), np.asarray(edges, dtype=float)
+    out = np.full(len(times), -1, dtype=np.int64)
+    if not len(edges):
+        return out
+    j = np.searchsorted(edges, times)
+    for cand in (np.clip(j - 1, 0, len(edges) - 1), np.clip(j, 0, len(edges) - 1)):
+        hit = (out < 0) & (np.abs(edges[cand] - times) <= tol)
+        out[hit] = cand[hit]
+    return out
+
+
+def request_steps(admit_s, first_s, finish_s, starts, ends) -> pd.DataFrame:
+    """Each request's step of admission (the step starting at its admission time; one admitted
+    and finished between two reads of the running queue carries its first token's time, the end of
+    that step), of its first token and of its finish (the steps ending then); -1: never."""
+    admit = _step_index(admit_s, starts)
+    at_end = _step_index(admit_s, ends)
+    admit = np.where(admit < 0, at_end, admit)
+    return pd.DataFrame({"admit_step": admit, "first_step": _step_index(first_s, ends),
+                         "finish_step": _step_index(finish_s, ends)})
+
+
+#: What a step of the replayed-cost comparison compares, real against simulated.
+STEP_FIELDS = ("scheduled_seqs", "prefill_tokens", "decode_seqs")
+#: What a request of it compares: the step of its admission, of its first token and of its finish.
+REQUEST_FIELDS = ("admit_step", "first_step", "finish_step")
+
+#: The classes of a disagreement (an *episode*: consecutive steps that disagree, named by its first).
+RACE = "arrival racing a step"
+SLAI_CLOCK = "SLAI's critical-decode clock"
+LENGTH = "one schedule runs longer"
+SAME_SHAPE = "same batch shapes, other requests"
+DOWNSTREAM = "downstream of an earlier disagreement"
+OTHER = "unexplained"
+DISAGREEMENT_CLASSES = {
+    RACE: "a request arrived between the end of the real step before and the start of this one: the "
+          "real serving loop reads its clock once before submitting arrivals and starting the step, at "
+          "a time the step log does not record, so it may have missed it; the model, whose step starts "
+          "at the real step's start, counts it",
+    SLAI_CLOCK: "the two SLAIs serve a different number of decodes: the real scheduler counts Θ in a "
+                "moving average of its measured step interval (starting from 1 ms), the model's policy "
+                "in the study's fixed 1 ms, so a decoder turns critical at another step",
+    LENGTH: "the schedules agree on every step both ran, but one ran more steps",
+    SAME_SHAPE: "every step has the same batch shape, yet a request was admitted, started or finished "
+                "at another step",
+    DOWNSTREAM: "a request was already admitted, started or finished at another step before this "
+                "episode began: the two engines no longer hold the same requests, so the episode "
+                "follows from an earlier one",
+    OTHER: "none of the above",
+}
+
+
+def _episodes(equal: np.ndarray) -> list[tuple[int, int]]:
+    """(first, last + 1) of each run of False in ``equal``."""
+    bad = np.flatnonzero(~equal)
+    if not len(bad):
+        return []
+    cuts = np.flatnonzero(np.diff(bad) > 1)
+    starts = np.r_[bad[0], bad[cuts + 1]]
+    ends = np.r_[bad[cuts] + 1, bad[-1] + 1]
+    return list(zip(starts.tolist(), ends.tolist()))
+
+
+def classify_episode(k: int, policy: str, real: pd.DataFrame, sim: pd.DataFrame, arrival_s,
+                     served) -> str:
+    """The class (:data:`DISAGREEMENT_CLASSES`) of an episode of disagreeing steps starting at
+    step ``k`` (both schedules ran it): a race when a served request arrived between the real
+    previous step's end and step ``k``'s start; SLAI's clock when the decode counts differ under
+    ``slai_faithful``; else unexplained."""
+    start = real["start_s"].iloc[k]
+    before = real["end_s"].iloc[k - 1] if k > 0 else start - 1e-3
+    a = np.asarray(arrival_s)[np.asarray(served, dtype=bool)]
+    if ((a > before) & (a <= start)).any():
+        return RACE
+    if policy == "slai_faithful" and real["decode_seqs"].iloc[k] != sim["decode_seqs"].iloc[k]:
+        return SLAI_CLOCK
+    return OTHER
+
+
+def compare_schedules(real_steps: pd.DataFrame, sim_steps: pd.DataFrame, real_req: pd.DataFrame,
+                      sim_req: pd.DataFrame, *, policy: str, arrival_s, served) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """One run's real and replayed-cost schedules, step by step and request by request.
+
+    ``real_steps``/``sim_steps``: the steps in order (:data:`STEP_FIELDS`; the real ones also
+    ``start_s``, ``end_s``); ``real_req``/``sim_req``: :data:`REQUEST_FIELDS` per request (in window
+    order); ``served``: the requests neither side refused. Returns (steps, requests): a row per step
+    index of the longer schedule with ``agree`` and ``cls`` (the class of the episode it belongs to,
+    "" where it agrees), and a row per served request with ``agree`` and ``cls``.
+    """
+    big = np.iinfo(np.int64).max
+    served = np.asarray(served, dtype=bool)
+    r = real_req[list(REQUEST_FIELDS)].to_numpy()[served]
+    s = sim_req[list(REQUEST_FIELDS)].to_numpy()[served]
+    agree = (r == s).all(axis=1)
+    # each request's first step at which the two schedules treat it differently
+    first_diff = np.where(r != s, np.minimum(np.where(r < 0, big, r), np.where(s < 0, big, s)), big).min(axis=1)
+    n_real, n_sim = len(real_steps), len(sim_steps)
+    n = min(n_real, n_sim)
+    fields = list(STEP_FIELDS)
+    equal = np.zeros(max(n_real, n_sim), dtype=bool)
+    equal[:n] = (real_steps[fields].to_numpy()[:n] == sim_steps[fields].to_numpy()[:n]).all(axis=1)
+    cls = np.full(len(equal), "", dtype=object)
+    starts = []
+    for a, b in _episodes(equal):
+        if (first_diff < a).any():
+            c = DOWNSTREAM
+        elif a >= n:
+            c = LENGTH
+        else:
+            c = classify_episode(a, policy, real_steps, sim_steps, arrival_s, served)
+        cls[a:b] = c
+        starts.append((a, c))
+    steps = pd.DataFrame({"step": np.arange(len(equal)), "agree": equal, "cls": cls})
+    # a disagreeing request: the class of the last episode that started by its first differing step
+    rcls = np.full(len(agree), "", dtype=object)
+    for i in np.flatnonzero(~agree):
+        named = [c for a, c in starts if a <= first_diff[i]]
+        rcls[i] = named[-1] if named else SAME_SHAPE
+    requests = pd.DataFrame({"request_index": np.flatnonzero(served), "agree": agree, "cls": rcls})
+    return steps, requests
+
+
+def _run_rows(frame: pd.DataFrame, run) -> pd.DataFrame:
+    sel = np.ones(len(frame), dtype=bool)
+    for k in RUN_KEYS:
+        if k in frame:
+            sel &= (frame[k] == run[k]).to_numpy()
+    return frame[sel]
+
+
+def replayed_cost_comparison(runs: pd.DataFrame, requests: pd.DataFrame, steps: pd.DataFrame,
+                             windows: dict, fallback, *, kv_tokens: int = 500_000):
+    """Every real run replayed in ``vllm_v1`` with its own recorded step times
+    (:class:`ReplayedStepTimes`; ``fallback`` times steps past the real run's last) and compared
+    with the real schedule (:func:`compare_schedules`).
+
+    Returns (steps, requests, per_run): the step and request tables of every run (with the run's
+    keys and ``source``), and per run the counts ``n_steps_real``, ``n_steps_sim``,
+    ``steps_agree``, ``requests``, ``requests_agree`` and ``first_disagreement`` (step; -1: none).
+    """
+    from .engine_v1 import PS
+
+    steps = run_steps(steps)
+    step_frames, req_frames, per_run = [], [], []
+    for _, run in runs.iterrows():
+        if run["policy"] not in REAL_COUNTERPARTS:
+            continue
+        rs = _run_rows(steps, run).reset_index(drop=True)
+        if not len(rs):
+            raise ValueError(f"no steps logged for run {tuple(run[k] for k in RUN_KEYS)}")
+        real = _run_rows(requests, run).sort_values("request_index")
+        replay = ReplayedStepTimes(rs, fallback)
+        w = scale(windows[run["window_id"]], run["load_factor"])
+        mml = run.get("max_model_len", None)
+        result, refused = simulate_counterpart(w, run["policy"], replay, kv_tokens=kv_tokens,
+                                               max_model_len=None if mml is None or pd.isna(mml) else mml)
+        log = replay.log()
+        real_req = request_steps(real["admit_s"], real["first_token_s"], real["finish_s"], rs["start_s"], rs["end_s"])
+        sim_req = request_steps(result.admit_s, result.first_token_s, result.finish_s,
+                                log["start_ps"] / PS, log["end_ps"] / PS)
+        served = ~refused
+        if "refused" in real:
+            served &= ~real["refused"].to_numpy(dtype=bool)
+        st, rq = compare_schedules(rs, log, real_req, sim_req, policy=run["policy"],
+                                   arrival_s=w.arrival_s, served=served)
+        keys = {"source": run["source"], **{k: run[k] for k in RUN_KEYS}}
+        step_frames.append(st.assign(**keys))
+        req_frames.append(rq.assign(**keys))
+        bad = np.flatnonzero(~st["agree"].to_numpy())
+        per_run.append({**keys, "n_steps_real": len(rs), "n_steps_sim": len(log),
+                        "steps_agree": int(st["agree"].sum()), "requests": len(rq),
+                        "requests_agree": int(rq["agree"].sum()),
+                        "first_disagreement": int(bad[0]) if len(bad) else -1})
+    return (pd.concat(step_frames, ignore_index=True), pd.concat(req_frames, ignore_index=True),
+            pd.DataFrame(per_run))
+
+
+def agreement_table(frame: pd.DataFrame, by=("policy",)) -> pd.DataFrame:
+    """Share of ``agree`` rows of a step or request table, overall and ``by`` group, and each
+    disagreement class's share of the rows (columns: the group, ``n``, ``agree``, one per class)."""
+    by = list(by)
+    groups = [("all", frame)] + ([(k if len(by) > 1 else k[0], g) for k, g in frame.groupby(by)] if by else [])
+    rows = []
+    for name, g in groups:
+        row = {"group": name if isinstance(name, str) else " / ".join(map(str, name)), "n": len(g),
+               "agree": float(g["agree"].mean())}
+        for c in DISAGREEMENT_CLASSES:
+            row[c] = float((g["cls"] == c).mean())
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+# --- the step cost, cross-validated by window -----------------------------------------------------
+#: A step of at most this many tokens (prefill tokens + decoding sequences) is in the small-batch
+#: range, where the cases run most of their steps.
+SMALL_BATCH_TOKENS = 512
+
+
+class ShapedStepCost:
+    """A richer step cost: a separate non-negative linear fit (fixed + per prefill token + per
+    decoding sequence + per context token) for each batch shape (:data:`SHAPES`), each fitted to
+    the relative error (the linear :class:`~portbench.engine_v1.StepCost` fits the absolute one,
+    which the few long prefill steps dominate), plus the gap.
+    The ``vllm_v1`` engine takes it through its per-step hook (``step_ps``); ``picoseconds()`` and
+    ``fixed_s`` are the pooled linear fit's (``pooled``), for the model's nominal bounds."""
+
+    def __init__(self, coef: dict, pooled, gap_s: float):
+        from .engine_v1 import PS
+
+        missing = set(SHAPES) - set(coef)
+        if missing:
+            raise ValueError(f"ShapedStepCost needs coefficients for every shape; missing {sorted(missing)}")
+        self.coef, self.pooled, self.gap_s = coef, pooled, gap_s
+        self.fixed_s = pooled.fixed_s
+        self._ps = {k: tuple(int(round(x * PS)) for x in v) for k, v in coef.items()}
+        self._gap_ps = int(round(gap_s * PS))
+
+    @classmethod
+    def fit(cls, steps: pd.DataFrame):
+        """Fit on a step log (``duration_s``, ``prefill_tokens``, ``decode_seqs``,
+        ``context_tokens``, optionally ``gap_s``); a shape without steps takes the pooled fit."""
+        from scipy.optimize import nnls
+
+        pooled = fit_linear(steps)
+        shape = batch_shape(steps["prefill_tokens"], steps["decode_seqs"])
+        coef = {}
+        for name in SHAPES:
+            g = steps[shape == name]
+            if len(g) < 8:
+                coef[name] = (pooled.fixed_s, pooled.per_prefill_token_s, pooled.per_decode_seq_s,
+                              pooled.per_context_token_s)
+                continue
+            x = np.column_stack([np.ones(len(g)), g["prefill_tokens"], g["decode_seqs"], g["context_tokens"]])
+            y = g["duration_s"].to_numpy(dtype=float)
+            # rows divided by the measured time: least squares of the *relative* error
+            coef[name] = tuple(map(float, nnls(x.astype(float) / y[:, None], np.ones(len(y)))[0]))
+        return cls(coef, pooled, pooled.gap_s)
+
+    def predict(self, prefill, decode, context) -> np.ndarray:
+        """Step time (s, gap excluded) of batches given column by column."""
+        prefill, decode, context = (np.asarray(v, dtype=float) for v in (prefill, decode, context))
+        shape = batch_shape(prefill, decode)
+        out = np.full(len(prefill), np.nan)
+        for name, (c0, cp, cd, cc) in self.coef.items():
+            m = shape == name
+            out[m] = c0 + cp * prefill[m] + cd * decode[m] + cc * context[m]
+        return out
+
+    def picoseconds(self):
+        return self.pooled.picoseconds()
+
+    def step_ps(self, step, start_ps, prefill, decodes, context, scheduled) -> int:
+        name = "mixed" if prefill and decodes else "prefill only" if prefill else "decode only"
+        c0, cp, cd, cc = self._ps[name]
+        return c0 + self._gap_ps + cp * prefill + cd * decodes + cc * context
+
+
+def fit_linear(steps: pd.DataFrame):
+    """:class:`~portbench.engine_v1.StepCost` fitted to a real step log (gap: the median busy gap)."""
+    from .engine_v1 import StepCost
+
+    cost, _ = StepCost.fit(steps, step="duration_s", context="context_tokens", gap="gap_s")
+    return cost
+
+
+def predict_step_s(cost, prefill, decode, context) -> np.ndarray:
+    """Either cost model's step time (s, gap excluded)."""
+    if hasattr(cost, "predict"):
+        return cost.predict(prefill, decode, context)
+    return predicted_step_s(cost, prefill, decode, context)
+
+
+def window_folds(window_ids, sources, k: int = 4) -> dict:
+    """window_id → fold (0..k-1): each source's windows dealt round-robin in name order, so every
+    fold holds windows of every source."""
+    if k < 2:
+        raise ValueError(f"cross-validation needs at least 2 folds, got k={k}")
+    pairs = sorted(set(zip(sources, window_ids)))
+    out, seen = {}, {}
+    for src, w in pairs:
+        out[w] = seen.get(src, 0) % k
+        seen[src] = seen.get(src, 0) + 1
+    return out
+
+
+def cross_validated_costs(steps: pd.DataFrame, runs: pd.DataFrame, *, k: int = 4, kind: str = "linear") -> dict:
+    """fold → cost model fitted on the steps of the other folds' windows (``kind``: "linear" for
+    :class:`~portbench.engine_v1.StepCost`, "shaped" for :class:`ShapedStepCost`); also
+    ``"folds"``: window_id → fold."""
+    if kind not in ("linear", "shaped"):
+        raise ValueError(f"kind must be 'linear' or 'shaped', got {kind!r}")
+    src = runs.groupby("window_id")["source"].first()
+    folds = window_folds(src.index.tolist(), src.tolist(), k)
+    steps = run_steps(steps)
+    fold = steps["window_id"].map(folds)
+    if fold.isna().any():
+        raise ValueError(f"steps of windows without a run: {sorted(set(steps.loc[fold.isna(), 'window_id']))[:5]}")
+    fit = fit_linear if kind == "linear" else ShapedStepCost.fit
+    out = {f: fit(steps[fold != f]) for f in range(k)}
+    out["folds"] = folds
+    return out
+
+
+def cross_validated_step_error(steps: pd.DataFrame, runs: pd.DataFrame, *, k: int = 4,
+                               kind: str = "linear") -> pd.DataFrame:
+    """Every step's time predicted by the cost fitted without its window's fold: the step log with
+    ``predicted_s``, ``rel_error`` (|predicted − measured| ÷ measured), ``shape``, ``small``
+    (at most :data:`SMALL_BATCH_TOKENS` batch tokens) and ``fold``."""
+    costs = cross_validated_costs(steps, runs, k=k, kind=kind)
+    steps = run_steps(steps)
+    fold = steps["window_id"].map(costs["folds"]).to_numpy()
+    pred = np.full(len(steps), np.nan)
+    for f in range(k):
+        m = fold == f
+        pred[m] = predict_step_s(costs[f], steps.loc[m, "prefill_tokens"], steps.loc[m, "decode_seqs"],
+                                 steps.loc[m, "context_tokens"])
+    rel = np.abs(pred - steps["duration_s"].to_numpy()) / steps["duration_s"].to_numpy()
+    small = (steps["prefill_tokens"] + steps["decode_seqs"]) <= SMALL_BATCH_TOKENS
+    return steps.assign(predicted_s=pred, rel_error=rel, small=small, fold=fold)
+
+
+def step_error_table(errors: pd.DataFrame) -> pd.DataFrame:
+    """Median and p90 relative step-time error and the step count, overall, in the small-batch
+    range and per batch shape (rows), from :func:`cross_validated_step_error`."""
+    groups = [("all steps", errors), (f"small batch (≤ {SMALL_BATCH_TOKENS} tokens)", errors[errors["small"]])]
+    groups += [(s, errors[errors["shape"] == s]) for s in SHAPES]
+    return pd.DataFrame([{"steps": name, "n": len(g), "median": float(g["rel_error"].median()),
+                          "p90": float(g["rel_error"].quantile(0.9))} for name, g in groups]).set_index("steps")
+
+
+# --- per-request latency with the cross-validated cost, and the stored counterpart ---------------
+def counterpart_requests(runs: pd.DataFrame, requests: pd.DataFrame, steps: pd.DataFrame, windows: dict,
+                         *, k: int = 4, kind: str = "shaped", kv_tokens: int = 500_000) -> pd.DataFrame:
+    """Each real run's simulated counterpart, request by request: the ``vllm_v1`` model with the
+    cost fitted (``kind``, :func:`cross_validated_costs`) on the windows of the other folds, the
+    run's refusal rule on both sides. Columns: the run's keys, ``source``, ``host_flagged``,
+    ``request_index``, ``arrival_s``, ``output_tokens``, ``deadline_s``, real ``admit_s, first_token_s,
+    finish_s``, the simulated ``*_sim``, ``refused_real``/``refused_sim`` and ``cost_fold``."""
+    costs = cross_validated_costs(steps, runs, k=k, kind=kind)
+    cache, frames = {}, []
+    for _, run in runs.iterrows():
+        if run["policy"] not in REAL_COUNTERPARTS:
+            continue
+        fold = costs["folds"][run["window_id"]]
+        mml = run.get("max_model_len", None)
+        mml = None if mml is None or pd.isna(mml) else float(mml)
+        key = (run["window_id"], run["policy"], float(run["load_factor"]), mml)
+        if key not in cache:
+            w = scale(windows[run["window_id"]], run["load_factor"])
+            cache[key] = simulate_counterpart(w, run["policy"], costs[fold], kv_tokens=kv_tokens, max_model_len=mml)
+        result, refused = cache[key]
+        real = _run_rows(requests, run).sort_values("request_index")
+        if len(real) != len(result.arrival_s):
+            raise ValueError(f"run {tuple(run[c] for c in RUN_KEYS)} has {len(real)} requests, its window "
+                             f"{len(result.arrival_s)}")
+        frames.append(pd.DataFrame({
+            "source": run["source"], **{c: run[c] for c in RUN_KEYS},
+            "host_flagged": bool(run.get("host_flagged", False)),
+            "request_index": real["request_index"].to_numpy(), "arrival_s": real["arrival_s"].to_numpy(),
+            "output_tokens": real["output_tokens"].to_numpy(), "deadline_s": real["deadline_s"].to_numpy(),
+            "admit_s": real["admit_s"].to_numpy(), "first_token_s": real["first_token_s"].to_numpy(),
+            "finish_s": real["finish_s"].to_numpy(), "admit_s_sim": result.admit_s,
+            "first_token_s_sim": result.first_token_s, "finish_s_sim": result.finish_s,
+            "refused_real": real["refused"].to_numpy(dtype=bool) if "refused" in real else refused,
+            "refused_sim": refused, "cost_fold": fold}))
+    return pd.concat(frames, ignore_index=True)
+
+
+#: The per-request latency measures: end-to-end (arrival to last token), time to first token, and
+#: time between tokens (first to last token ÷ the tokens after the first; requests of 2+ tokens).
+LATENCY_MEASURES = ("end-to-end", "TTFT", "TBT")
+
+
+def latency_errors(counterpart: pd.DataFrame) -> pd.DataFrame:
+    """Relative error |sim − real| ÷ real of each measure (:data:`LATENCY_MEASURES`) per request
+    finished on both sides: long format (the run's keys, ``source``, ``host_flagged``, ``measure``,
+    ``rel_error``)."""
+    c = counterpart[counterpart["finish_s"].notna() & counterpart["finish_s_sim"].notna()]
+    gaps = np.maximum(c["output_tokens"].to_numpy() - 1, 0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        values = {
+            "end-to-end": (c["finish_s"] - c["arrival_s"], c["finish_s_sim"] - c["arrival_s"]),
+            "TTFT": (c["first_token_s"] - c["arrival_s"], c["first_token_s_sim"] - c["arrival_s"]),
+            "TBT": ((c["finish_s"] - c["first_token_s"]) / gaps, (c["finish_s_sim"] - c["first_token_s_sim"]) / gaps),
+        }
+    keys = c[["source", *RUN_KEYS, "host_flagged"]]
+    frames = []
+    for m, (real, sim) in values.items():
+        ok = np.isfinite(real) & np.isfinite(sim) & (real > 0)
+        frames.append(keys[ok].assign(measure=m, rel_error=(np.abs(sim - real) / real)[ok]))
+    return pd.concat(frames, ignore_index=True)
+
+
+def latency_error_table(errors: pd.DataFrame, by: str | None = None) -> pd.DataFrame:
+    """Median and p90 relative error per measure (columns ``<measure> median``/``p90``), overall or
+    per ``by`` (rows)."""
+    groups = [("all", errors)] if by is None else list(errors.groupby(by))
+    rows = []
+    for name, g in groups:
+        row = {"group": name}
+        for m in LATENCY_MEASURES:
+            e = g.loc[g["measure"] == m, "rel_error"]
+            row[f"{m} median"] = float(e.median()) if len(e) else np.nan
+            row[f"{m} p90"] = float(e.quantile(0.9)) if len(e) else np.nan
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("group")
+
+
+def write_counterparts(tag: str = "vllm_cpu_guarded", *, data_dir=None, kind: str = "shaped", k: int = 4):
+    """Store each real run of case ``tag`` with its simulated counterpart per request
+    (:func:`counterpart_requests`) as ``<tag>_case_sim_requests.parquet`` beside the case's files.
+    Returns the path."""
+    from . import store as _store
+    from .realengine.study import realengine_dir
+
+    d = realengine_dir(data_dir)
+    runs = pd.read_parquet(d / f"{tag}_case_runs.parquet")
+    requests = pd.read_parquet(d / f"{tag}_case_requests.parquet")
+    steps = pd.read_parquet(d / f"{tag}_case_steps.parquet")
+    windows = {w.window_id: w for w in _store.load_windows(window_ids=sorted(set(runs["window_id"])))}
+    frame = counterpart_requests(runs, requests, steps, windows, k=k, kind=kind).assign(cost_kind=kind)
+    path = d / f"{tag}_case_sim_requests.parquet"
+    _store.atomic_write(path, lambda p: frame.to_parquet(p, index=False))
+    return path
+
+
+#: Published fidelity figures of other simulators, for scale (not comparable one to one: other
+#: hardware, models and workloads, and aggregate rather than per-request errors).
+PUBLISHED_FIDELITY = (
+    {"simulator": "Vidur", "figure": "request-level latency error", "value": 0.09, "bound": "under",
+     "source": "Agrawal et al., Vidur, MLSys 2024 (arXiv:2405.05465), abstract"},
+    {"simulator": "BLIS (evolved latency model)", "figure": "end-to-end latency MAPE, 38 experiments",
+     "value": 0.1179, "bound": "", "source": "inference-sim/inference-sim pull request 944 (simulator comparison, 2026)"},
+    {"simulator": "BLIS (evolved latency model)", "figure": "TTFT MAPE, 38 experiments", "value": 0.2281,
+     "bound": "", "source": "inference-sim/inference-sim pull request 944 (simulator comparison, 2026)"},
+)
+
+
+# --- like for like, the runs' own steps, and the second case ------------------------------------
+def anwg_from_counterpart(counterpart: pd.DataFrame) -> pd.DataFrame:
+    """Real and simulated ANWG per run (every request weighs 1: the share of the window's requests
+    finished by their deadline), from :func:`counterpart_requests`."""
+    c = counterpart.assign(met_real=counterpart["finish_s"] <= counterpart["deadline_s"],
+                           met_sim=counterpart["finish_s_sim"] <= counterpart["deadline_s"])
+    return (c.groupby(["source", *RUN_KEYS, "host_flagged"])[["met_real", "met_sim"]].mean()
+            .rename(columns={"met_real": "anwg_real", "met_sim": "anwg_sim"}).reset_index())
+
+
+def _boot(values_by_window: dict, stat, *, n_resamples: int, seed: int) -> tuple[float, float, float]:
+    """``stat`` over the windows' rows and its 95% percentile bootstrap interval (windows drawn
+    with replacement)."""
+    keys = list(values_by_window)
+    point = stat([values_by_window[k] for k in keys])
+    rng = np.random.default_rng(seed)
+    draws = []
+    for _ in range(n_resamples):
+        pick = rng.integers(0, len(keys), len(keys))
+        draws.append(stat([values_by_window[keys[i]] for i in pick]))
+    draws = np.asarray(draws, dtype=float)
+    draws = draws[np.isfinite(draws)]
+    lo, hi = (np.percentile(draws, [2.5, 97.5]) if len(draws) else (np.nan, np.nan))
+    return float(point), float(lo), float(hi)
+
+
+def like_for_like(anwg: pd.DataFrame, *, n_resamples: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """Within each (source, policy), over the same windows: real repetition 0 against 1 and the
+    model against each real repetition (pairs pooled), as mean |ΔANWG| and Kendall τ_b, each with
+    a 95% bootstrap interval by window. ``anwg``: :func:`anwg_from_counterpart`."""
+    rows = []
+    for (src, pol), g in anwg.groupby(["source", "policy"]):
+        wide = g.pivot_table(index="window_id", columns="repetition", values=["anwg_real", "anwg_sim"])
+        if not {0, 1} <= set(wide["anwg_real"].columns):
+            continue
+        wide = wide.dropna()
+        pairs = {
+            "real vs real": {w: [(r[("anwg_real", 0)], r[("anwg_real", 1)])] for w, r in wide.iterrows()},
+            "model vs real": {w: [(r[("anwg_sim", 0)], r[("anwg_real", 0)]), (r[("anwg_sim", 1)], r[("anwg_real", 1)])]
+                              for w, r in wide.iterrows()},
+        }
+        for name, by_w in pairs.items():
+            def mean_abs(rows_):
+                flat = [p for r in rows_ for p in r]
+                return float(np.mean([abs(a - b) for a, b in flat]))
+
+            def tau(rows_):
+                flat = [p for r in rows_ for p in r]
+                a, b = np.array(flat).T
+                return stats.kendall_tau_b(a, b)
+
+            m = _boot(by_w, mean_abs, n_resamples=n_resamples, seed=seed)
+            t = _boot(by_w, tau, n_resamples=n_resamples, seed=seed)
+            rows.append({"source": src, "policy": pol, "comparison": name, "windows": len(by_w),
+                         "mean_abs_delta": m[0], "mean_abs_lo": m[1], "mean_abs_hi": m[2],
+                         "tau_b": t[0], "tau_lo": t[1], "tau_hi": t[2]})
+    return pd.DataFrame(rows)
+
+
+def own_step_speed(steps: pd.DataFrame, *, tolerance: float = 0.15) -> pd.DataFrame:
+    """Judge each run by its own steps: its **decode speed** is the median, over its decode-only
+    steps, of the step time ÷ the case's in-sample :class:`ShapedStepCost` time for the same batch,
+    set against the median of that over the case's runs (``speed_vs_case``, 1 = the case's usual
+    speed). ``step_flagged``: more than ``tolerance`` slower or faster than the case."""
+    steps = run_steps(steps)
+    cost = ShapedStepCost.fit(steps)
+    dec = steps[steps["shape"] == "decode only"]
+    ratio = dec["duration_s"] / cost.predict(dec["prefill_tokens"], dec["decode_seqs"], dec["context_tokens"])
+    per_run = dec.assign(ratio=ratio).groupby(RUN_KEYS)["ratio"].median().rename("decode_ratio").reset_index()
+    per_run["speed_vs_case"] = per_run["decode_ratio"] / per_run["decode_ratio"].median()
+    per_run["step_flagged"] = (per_run["speed_vs_case"] - 1).abs() > tolerance
+    return per_run
+
+
+def conclusions_by_rule(anwg: pd.DataFrame, errors: pd.DataFrame, speed: pd.DataFrame) -> pd.DataFrame:
+    """The case's conclusions under three rules for keeping runs: every run, the runs the probe
+    guard accepted, and the runs whose own decode steps ran at the case's speed
+    (:func:`own_step_speed`). Per rule: runs kept, median e2e error of the model, mean |ΔANWG|, and
+    the real ANWG of ``slai_faithful`` − ``vllm_faithful`` per source (mean over kept runs)."""
+    a = anwg.merge(speed[RUN_KEYS + ["step_flagged"]], on=RUN_KEYS, how="left")
+    e = errors[errors["measure"] == "end-to-end"].merge(speed[RUN_KEYS + ["step_flagged"]], on=RUN_KEYS, how="left")
+    rules = {"every run": lambda f: np.ones(len(f), dtype=bool),
+             "probe guard accepted": lambda f: ~f["host_flagged"].astype(bool).to_numpy(),
+             "own steps at the case's speed": lambda f: ~f["step_flagged"].fillna(True).astype(bool).to_numpy()}
+    rows = []
+    for name, keep in rules.items():
+        ka, ke = a[keep(a)], e[keep(e)]
+        row = {"rule": name, "runs": len(ka), "e2e median error": float(ke["rel_error"].median()),
+               "mean |ΔANWG|": float((ka["anwg_sim"] - ka["anwg_real"]).abs().mean())}
+        means = ka.groupby(["source", "policy"])["anwg_real"].mean()
+        for src in sorted(set(a["source"])):
+            try:
+                row[f"slai − vllm, {src}"] = float(means[(src, "slai_faithful")] - means[(src, "vllm_faithful")])
+            except KeyError:
+                row[f"slai − vllm, {src}"] = np.nan
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("rule")

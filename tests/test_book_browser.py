@@ -3,8 +3,10 @@
 The book is built as a reader would with `portbench book --engine-model vllm_v1` (tiny resamples,
 the committed campaigns, into a temporary folder). On every page: no code input is visible until its
 toggle is opened, every image loads, the maths is typeset by the offline MathJax, and the browser logs
-no error. The introduction must name the engine model it was built with. Screenshots of the
-introduction and two chapters go to book/_build/screenshots/.
+no error; no page prints a Python repr or a raw class identifier; every chapter figure is numbered,
+captioned and has readable alt text; the data downloads and each chapter's notebook link resolve to a
+file inside the built site. The introduction must name the engine model it was built with.
+Screenshots of the introduction and two chapters go to book/_build/screenshots/.
 
 Needs Chromium (`make browser` installs it) and `websocket-client` (the `dev` extra); skipped without.
 """
@@ -19,6 +21,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -187,8 +190,8 @@ def browser():
 
 
 def _pages(html: Path) -> list[Path]:
-    return [html / "intro.html", html / "methods.html", html / "reproduce.html", html / "references.html"] + \
-        [html / "executed" / f"{n}.html" for n in book.available_notebooks()]
+    return [html / "intro.html", html / "methods.html", html / "reproduce.html", html / "data.html",
+            html / "references.html"] + [html / "executed" / f"{n}.html" for n in book.available_notebooks()]
 
 
 #: What the checks read off a loaded page.
@@ -269,3 +272,139 @@ def test_screenshots_of_the_introduction_and_two_chapters(built_book, browser):
     (SCREENSHOTS / "README.txt").write_text(
         f"Screenshots taken by tests/test_book_browser.py of a book built with "
         f"`portbench book --engine-model {ENGINE} --tiny` on {time.strftime('%Y-%m-%d %H:%M')}.\n")
+
+
+#: Pages left out of the reading checks below, each with its reason. Remove an entry once its page is
+#: brought up to the book's conventions.
+_NOT_CHECKED = {
+    "executed/fidelity.html": "the fidelity chapter is being rewritten (issue 28 left it to that rewrite)",
+    "methods.html": "the methods' Statistics section defines the reversal classes by their identifiers",
+}
+
+#: What a page must not show: a Python repr left by a print or a bare expression, a raw class
+#: identifier, or a debug line.
+_DEBUG_PATTERNS = {
+    "a dataclass or namedtuple repr": re.compile(r"\b[A-Z][A-Za-z0-9]*\((?:[a-z_][a-z0-9_]*)=[^)]*"),
+    "a dict repr": re.compile(r"\{'[^']*': "),
+    "a list-of-strings repr": re.compile(r"\['[^']*'(?:, '[^']*')*\]"),
+    "a path repr": re.compile(r"(?:Posix|Windows)Path\("),
+    "an object repr": re.compile(r"<[A-Za-z_.]+ object at 0x"),
+    "a raw reversal class": re.compile(r"\b(?:UN)?SUPPORTED_[A-Z_]+"),
+    "a campaign speed line": re.compile(r"cells/s\b"),
+}
+
+#: The text a reader can reach on a page: everything in the article (folded outputs too) but code
+#: inputs, code shown on purpose (inline code; code listings in a language, such as the policy that
+#: "Add your own scheduler" prints — what a print or a bare expression leaves is plain text output),
+#: scripts and styles.
+_READABLE_TEXT = """(() => {
+  const article = document.querySelector('article').cloneNode(true);
+  article.querySelectorAll('div.cell_input, script, style, code.literal').forEach(e => e.remove());
+  article.querySelectorAll('div[class*="highlight-"]:not([class*="highlight-myst-ansi"])')
+    .forEach(e => e.remove());
+  return article.textContent;
+})()"""
+
+
+def test_no_page_prints_a_python_repr_or_a_raw_identifier(built_book, browser):
+    problems = []
+    checked = 0
+    for page in _pages(built_book):
+        name = page.relative_to(built_book).as_posix()
+        if name in _NOT_CHECKED:
+            continue
+        browser.open(page.resolve().as_uri())
+        text = browser.evaluate(_READABLE_TEXT)
+        checked += 1
+        for what, pattern in _DEBUG_PATTERNS.items():
+            for m in pattern.finditer(text):
+                problems.append(f"{name}: {what}: {text[max(0, m.start() - 40):m.end() + 40]!r}")
+    assert checked >= 10, f"only {checked} pages checked"
+    assert not problems, "\n".join(problems[:40])
+
+
+def test_the_checks_catch_a_repr_and_a_raw_identifier():
+    """The patterns above catch what issue 28 found on the pages (so the test above can fail)."""
+    found = ["StepCost(fixed_s=0.0019612387845925157, per_prefill_token_s=1.5e-05)",
+             "scheduler time as a share of all step time: {'slai_faithful': 0.034}",
+             "real-engine results: ['vllm_cpu_guarded_case_runs.parquet', 'vllm_cpu_case_runs.parquet']",
+             "calls the case (Azure–BurstGPT) SUPPORTED_PRACTICAL_REVERSAL",
+             "720 cells over 120 windows: 0 simulated, 720 reused, in 0.1 s (0 cells/s)"]
+    for line in found:
+        assert any(p.search(line) for p in _DEBUG_PATTERNS.values()), line
+    for line in ("the classifier calls the case supported practical reversal", "Kendall τ_b (BCa 95%)",
+                 "portbench book --skip-campaign --notebooks rq2_reversals -p margin=0.2"):
+        assert not any(p.search(line) for p in _DEBUG_PATTERNS.values()), line
+
+
+_FIGURES = """[...document.querySelectorAll('article img')].map(i => {
+  const fig = i.closest('figure');
+  const number = fig && fig.querySelector('figcaption .caption-number');
+  const caption = fig && fig.querySelector('figcaption');
+  return {src: i.getAttribute('src'), alt: i.getAttribute('alt') || '',
+          number: number ? number.textContent.trim() : '', caption: caption ? caption.textContent.trim() : ''};
+})"""
+
+
+def test_every_chapter_figure_is_numbered_captioned_and_described(built_book, browser):
+    problems, n_figures = [], 0
+    for page in [built_book / "intro.html"] + [built_book / "executed" / f"{n}.html"
+                                               for n in book.available_notebooks()]:
+        name = page.relative_to(built_book).as_posix()
+        if name in _NOT_CHECKED:
+            continue
+        browser.open(page.resolve().as_uri())
+        for fig in browser.evaluate(_FIGURES):
+            n_figures += 1
+            if not re.fullmatch(r"Fig\. \d+", fig["number"]):
+                problems.append(f"{name}: figure {fig['src']} has no number")
+            if len(fig["caption"]) < 80:
+                problems.append(f"{name}: figure {fig['src']} has no caption saying what to read: {fig['caption']!r}")
+            if len(fig["alt"].split()) < 6 or re.search(r"[0-9a-f]{16}|\.png", fig["alt"]):
+                problems.append(f"{name}: figure {fig['src']} has no readable alt text: {fig['alt']!r}")
+    assert n_figures >= 15, f"only {n_figures} figures found"
+    assert not problems, "\n".join(problems)
+
+
+_LINKS = """[...document.querySelectorAll('article a')].map(a => ({text: a.textContent.trim(),
+                                                              href: a.getAttribute('href') || ''}))"""
+
+
+def _target(page: Path, href: str) -> Path:
+    return (page.parent / urllib.parse.unquote(href.split("#")[0])).resolve()
+
+
+def test_data_downloads_and_notebook_links_resolve_inside_the_site(built_book, browser):
+    from portbench.campaign import results_dir
+
+    page = built_book / "data.html"
+    browser.open(page.resolve().as_uri())
+    links = [a for a in browser.evaluate(_LINKS) if "_downloads/" in a["href"]]
+    names = {a["text"] for a in links}
+    results = results_dir()
+    expected = {p.name for p in results.glob("campaign_*.parquet")} | \
+        {f"condition_means_{p.stem.removeprefix('campaign_')}.csv" for p in results.glob("campaign_*.parquet")} | \
+        {p.name for p in (results / "realengine").glob("*") if p.is_file()}
+    assert f"campaign_{ENGINE}.parquet" in expected and f"condition_means_{ENGINE}.csv" in expected
+    assert expected <= names, f"not linked: {sorted(expected - names)}"
+    site = built_book.resolve()
+    for a in links:
+        target = _target(page, a["href"])
+        assert site in target.parents, f"{a['text']}: {a['href']} leaves the site"
+        assert target.is_file() and target.stat().st_size > 0, f"{a['text']}: {a['href']} does not resolve"
+        assert target.name == a["text"], (a["text"], a["href"])
+    means = next(a for a in links if a["text"] == f"condition_means_{ENGINE}.csv")
+    header = _target(page, means["href"]).read_text().splitlines()[0]
+    assert header.startswith("source,region,slo_multiplier") and "anwg" in header, header
+    # every chapter offers its executed notebook on a visible line, and the link resolves
+    for name in book.available_notebooks():
+        chapter = built_book / "executed" / f"{name}.html"
+        state = browser.open(chapter.resolve().as_uri())
+        assert not state, state
+        text = browser.evaluate("document.querySelector('article').innerText")
+        assert "Download this chapter's notebook" in text.replace("\u2019", "'"), f"{name}: no download line"
+        hrefs = [a["href"] for a in browser.evaluate(_LINKS) if a["text"] == f"{name}.ipynb"]
+        assert hrefs, f"{name}: no link to {name}.ipynb"
+        target = _target(chapter, hrefs[0])
+        assert site in target.parents and target.is_file(), f"{name}: {hrefs[0]} does not resolve"
+        assert json.loads(target.read_text())["cells"], f"{name}: {target} is not a notebook"

@@ -1,0 +1,82 @@
+"""Fidelity of the vllm_v1 model against the committed real-engine runs (no engine is run):
+
+    python benchmarks/fidelity_report.py [--tag vllm_cpu_guarded] [--rq7-tag vllm_cpu_rq7] [--write]
+
+Prints the replayed-cost schedule agreement (steps and requests, each disagreement's class), the
+step cost's error cross-validated by window (linear and per-shape), the per-request latency errors
+with the cross-validated per-shape cost, the like-for-like comparison, the conclusions under each
+rule for keeping runs and the RQ7 runs' mean |ΔANWG|. ``--write`` stores each run's simulated
+counterpart per request (``<tag>_case_sim_requests.parquet``).
+"""
+
+import argparse
+import json
+import time
+
+import pandas as pd
+
+from portbench import fidelity, store
+from portbench.engine_v1 import StepCost
+from portbench.realengine.study import realengine_dir
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tag", default="vllm_cpu_guarded")
+    ap.add_argument("--rq7-tag", default="vllm_cpu_rq7")
+    ap.add_argument("--folds", type=int, default=4)
+    ap.add_argument("--n-resamples", type=int, default=2000)
+    ap.add_argument("--write", action="store_true", help="store the counterparts beside the case")
+    args = ap.parse_args()
+    pd.set_option("display.width", 200)
+    t0 = time.perf_counter()
+    d = realengine_dir()
+    runs = pd.read_parquet(d / f"{args.tag}_case_runs.parquet")
+    requests = pd.read_parquet(d / f"{args.tag}_case_requests.parquet")
+    steps = pd.read_parquet(d / f"{args.tag}_case_steps.parquet")
+    windows = {w.window_id: w for w in store.load_windows(window_ids=sorted(set(runs["window_id"])))}
+    profile_cost = StepCost(**json.loads((d / f"{args.tag}_cost.json").read_text())["cost"])
+
+    st, rq, _ = fidelity.replayed_cost_comparison(runs, requests, steps, windows, profile_cost)
+    print("1. replayed-cost schedule agreement (share of steps / of served requests identical; "
+          "classes as shares of all rows)")
+    print("steps:\n" + fidelity.agreement_table(st).round(4).to_string(index=False))
+    print("requests:\n" + fidelity.agreement_table(rq).round(4).to_string(index=False))
+
+    print(f"\n2. step cost, cross-validated by window ({args.folds} folds): relative error")
+    for kind in ("linear", "shaped"):
+        err = fidelity.cross_validated_step_error(steps, runs, k=args.folds, kind=kind)
+        print(f"{kind}:\n" + fidelity.step_error_table(err).round(3).to_string())
+
+    cp = fidelity.counterpart_requests(runs, requests, steps, windows, k=args.folds, kind="shaped")
+    errors = fidelity.latency_errors(cp)
+    print("\n3. per-request relative error, cross-validated per-shape cost")
+    for label, e in (("every run", errors), ("probe guard accepted", errors[~errors["host_flagged"]])):
+        print(f"{label}:\n" + fidelity.latency_error_table(e).round(3).to_string())
+    print(fidelity.latency_error_table(errors, "source").round(3).to_string())
+    print(fidelity.latency_error_table(errors, "policy").round(3).to_string())
+    print("published, for scale:")
+    print(pd.DataFrame(fidelity.PUBLISHED_FIDELITY).to_string(index=False))
+
+    anwg = fidelity.anwg_from_counterpart(cp)
+    print("\n4. like for like (mean |ΔANWG| and τ_b over the same windows, 95% bootstrap by window)")
+    print(fidelity.like_for_like(anwg, n_resamples=args.n_resamples).round(3).to_string(index=False))
+    speed = fidelity.own_step_speed(steps)
+    print("conclusions by the rule that keeps runs:")
+    print(fidelity.conclusions_by_rule(anwg, errors, speed).round(3).to_string())
+
+    rq7_runs = d / f"{args.rq7_tag}_case_runs.parquet"
+    if rq7_runs.exists():
+        r7 = pd.read_parquet(rq7_runs)
+        r7_req = pd.read_parquet(d / f"{args.rq7_tag}_case_requests.parquet")
+        r7_win = {w.window_id: w for w in store.load_windows(window_ids=sorted(set(r7["window_id"])))}
+        _, per_run, summary = fidelity.sim_vs_real(r7, r7_req, r7_win, profile_cost)
+        print(f"\nRQ7 runs ({args.rq7_tag}, {summary['n_runs']} runs, profile cost): mean |ΔANWG| "
+              f"{summary['mean_abs_anwg_error']:.3f}, τ_b {summary['tau_b_anwg']:.2f}")
+    if args.write:
+        print(f"\nwrote {fidelity.write_counterparts(args.tag, k=args.folds)}")
+    print(f"\n{time.perf_counter() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
