@@ -104,7 +104,7 @@ rank = means.rank(axis=0, ascending=not higher_better, method="min")
 ranks_new = rank.loc[list(RQ7_POLICIES)]
 cols = [(s, r) for s in sources for r in regions]
 ranks_new = ranks_new[cols]
-fig, ax = plt.subplots(figsize=(10, 3.2))
+fig, ax = plt.subplots(figsize=(10, 1.6 + 0.3 * len(RQ7_POLICIES)))
 im = ax.imshow(ranks_new.to_numpy(), cmap="viridis_r", vmin=1, vmax=len(EXTENDED), aspect="auto")
 ax.set_yticks(range(len(RQ7_POLICIES)),
               [p + (" (oracle)" if p == ORACLE else "") for p in RQ7_POLICIES], fontsize=8)
@@ -178,15 +178,19 @@ capacity.columns = [f"{present.label(m)}, {p}" for m, p in capacity.columns]
 gne_pre = float(base_slo.loc[base_slo["policy"] == "guaranteed_no_evict", "n_preemptions"].mean()) \
     if "guaranteed_no_evict" in cap_pols else float("nan")
 fifo_pre = float(base_slo.loc[base_slo["policy"] == "fifo", "n_preemptions"].mean())
-glue("rq7_gne_preemptions", present.num(gne_pre, 1), display=False)
-glue("rq7_fifo_preemptions", present.num(fifo_pre, 1), display=False)
+if fifo_pre == 0 and not gne_pre > 0:
+    capacity_sentence = (f"Under the {engine_model} engine model no request is ever preempted under either "
+                         "rule: they differ in what they admit, and when.")
+else:
+    capacity_sentence = (f"Per window and cell, FCFS is preempted {present.num(fifo_pre, 1)} times on "
+                         f"average under the {engine_model} engine model and `guaranteed_no_evict` "
+                         f"{present.num(gne_pre, 1)} times.")
+glue("rq7_capacity_sentence", capacity_sentence, display=False)
 present.table(capacity.rename_axis("region").rename(columns=lambda c: c.replace("n_preemptions", "preemptions")),
               digits=3)
 
 # %% [markdown]
-# Per window and cell, FCFS is preempted {glue:text}`rq7_fifo_preemptions:s` times on average under
-# the {glue:text}`rq7_engine:s` engine model and `guaranteed_no_evict`
-# {glue:text}`rq7_gne_preemptions:s` times.
+# {glue:text}`rq7_capacity_sentence:s`
 
 # %% [markdown]
 # ## Cross-source $\tau_b$ with the extended panel
@@ -233,13 +237,13 @@ present.table(counts.rename(index=present.label).rename_axis("class").to_frame("
 # %% [markdown]
 # Of the supported reversals, {glue:text}`rq7_supported_widened:s`
 # {glue:text}`rq7_supported_widened_verb:s` one of SGLang's policies or TensorRT-LLM's capacity rule;
-# the table lists them (Δ: the first policy's mean ANWG minus the second's, in each source).
+# any are listed below (Δ: the first policy's mean ANWG minus the second's, in each source).
 
 # %%
-present.table(widened_rev, digits=3)
+present.table(widened_rev, digits=3) if len(widened_rev) else None
 
 # %%
-fig, ax = plt.subplots(figsize=(7, 3))
+fig, ax = plt.subplots(figsize=(7, 1 + 0.2 * len(per_policy)))
 per_policy.sort_values().plot.barh(ax=ax, color=["C1" if p in RQ7_POLICIES else "C0"
                                                  for p in per_policy.sort_values().index])
 ax.set_xlabel("supported practical reversals involving the policy")
@@ -346,13 +350,15 @@ for err, t in sorted(levels.items()):
                      metric: float(m.loc[p].mean())})
 pe = pd.DataFrame(rows)
 fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
-for p, g in pe.groupby("policy", sort=False):
+colours = plt.cm.tab20(np.linspace(0, 1, 20))     # one colour per tracked policy (up to 20)
+for k, (p, g) in enumerate(pe.groupby("policy", sort=False)):
     style = "--" if p in ("fifo", "edf", ORACLE) else "-"
-    axes[0].plot(g["prediction_error"] * 100, g["mean_rank"], style, marker="o", label=p)
-    axes[1].plot(g["prediction_error"] * 100, g[metric], style, marker="o", label=p)
+    c = colours[(2 * k) % 20 + (2 * k) // 20 % 2]
+    axes[0].plot(g["prediction_error"] * 100, g["mean_rank"], style, marker="o", label=p, color=c)
+    axes[1].plot(g["prediction_error"] * 100, g[metric], style, marker="o", label=p, color=c)
 axes[0].set_ylabel(f"mean rank at {prediction_region} (1 = best)")
 axes[0].invert_yaxis()
-axes[1].set_ylabel(f"mean {metric} at {prediction_region}")
+axes[1].set_ylabel(f"mean {present.label(metric)} at {prediction_region}")
 for ax in axes:
     ax.set_xlabel("prediction error (%)")
 axes[1].legend(fontsize=7, bbox_to_anchor=(1.02, 1), loc="upper left")
