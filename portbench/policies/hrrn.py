@@ -1,8 +1,9 @@
 """``hrrn``: highest response ratio next, as SGLang's ``--schedule-policy hrrn`` ranks its queue.
 
 Design followed: SGLang's schedule policies (``python/sglang/srt/managers/schedule_policy.py``, with
-the waited-token counter of ``python/sglang/srt/managers/prefill_order.py``). Its HRRN serves the
-waiting request with the highest response ratio ``(waited + work) / work`` first, where *work* is
+the waited-token counter of ``python/sglang/srt/managers/prefill_order.py``). Its HRRN
+(``SchedulePolicy._sort_by_hrrn``) serves the waiting request with the highest response ratio
+``1 + waited / work = (waited + work) / work`` first, where *work* is
 the prefill the request still needs (its prompt less the tokens its prefix cache already holds, at
 least one token) and *waited* is counted in the prefill tokens the scheduler processed since the
 request joined the queue (a token clock, so that every tensor-parallel rank ranks alike).
