@@ -47,15 +47,18 @@ def configs(engines):
                                  prediction_error=err)
 
 
-def compare(new: pd.DataFrame, old: pd.DataFrame) -> tuple[int, dict, pd.DataFrame]:
-    """(cells compared, differing cells per column, the keys of the rows that differ)."""
+def compare(new: pd.DataFrame, old: pd.DataFrame) -> tuple[int, dict, pd.DataFrame, pd.DataFrame]:
+    """(cells compared, differing cells per column, the keys of the rows that differ, the keys of
+    the rows only the recomputed table has). A row only the recomputed table has is an addition (a
+    policy added to the panel), not a change: the anchor is that every committed cell stays."""
     keys = [k for k in KEYS if k in old.columns]
     merged = old.merge(new, on=keys, how="outer", suffixes=("_old", "_new"), indicator=True)
-    only = merged[merged["_merge"] != "both"]
+    lost = merged[merged["_merge"] == "left_only"]
+    added = merged.loc[merged["_merge"] == "right_only", keys]
     both = merged[merged["_merge"] == "both"]
     per_column, moved = {}, np.zeros(len(both), dtype=bool)
-    if len(only):
-        per_column["(row present in one table only)"] = len(only)
+    if len(lost):
+        per_column["(committed row missing from the recomputed table)"] = len(lost)
     for col in old.columns:
         if col in keys or col in NOT_COMPARED or col + "_new" not in both:
             continue
@@ -67,7 +70,7 @@ def compare(new: pd.DataFrame, old: pd.DataFrame) -> tuple[int, dict, pd.DataFra
         if (~same).any():
             per_column[col] = int((~same).sum())
             moved |= ~same
-    return len(both), per_column, both.loc[moved, keys]
+    return len(both), per_column, both.loc[moved, keys], added
 
 
 def moved_report(table: str, new: pd.DataFrame, old: pd.DataFrame) -> pd.DataFrame:
@@ -107,7 +110,7 @@ def main() -> int:
             new_path = results_path(config.engine_model, data, config.prediction_error)
             old_path = results_path(config.engine_model, None, config.prediction_error)
             new_table, old_table = pd.read_parquet(new_path), pd.read_parquet(old_path)
-            n, per_column, moved = compare(new_table, old_table)
+            n, per_column, moved, added = compare(new_table, old_table)
             reports.append(moved_report(new_path.stem, new_table, old_table))
             lam_new = new_path.parent / new_path.name.replace("campaign_", "lambda_ref_").replace(".parquet", ".csv")
             lam_old = old_path.parent / lam_new.name
@@ -117,6 +120,9 @@ def main() -> int:
                   f"λ_ref file {'identical' if lam_same else 'DIFFERS'}; "
                   + ("every cell identical" if not per_column else
                      f"{len(moved)} rows differ: " + ", ".join(f"{c} {k}" for c, k in per_column.items())))
+            if len(added):
+                print(f"    {len(added)} rows added (only in the recomputed table), policies: "
+                      + ", ".join(sorted(set(added["policy"]))))
             if len(moved):
                 print("    by policy: " + ", ".join(f"{p} {k}" for p, k in moved["policy"].value_counts().items()))
                 print("    by region: " + ", ".join(f"{r} {k}" for r, k in moved["region"].value_counts().items()))

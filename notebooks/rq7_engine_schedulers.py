@@ -14,12 +14,29 @@
 # **Question.** Since the study's 2023–24 panel, serving engines have added length-aware and
 # multi-level schedulers, each argued for on one workload. Do *their* rankings port across sources,
 # regions, metrics and SLOs, and how much of a length-aware policy's advantage survives a worse
-# output-length predictor? **Method.** Six policies join the study's primary panel — vLLM v1's
+# output-length predictor? **Method.** Eleven policies join the study's primary panel — vLLM v1's
 # `priority` policy with the priority from the deadline, shortest-job-first with aging (TensorRT-LLM's
 # SJF queue, a vLLM proposal), vllm-ascend's short-request-first lanes, FastServe's skip-join MLFQ,
-# least attained service, and an SRPT oracle that knows the true output lengths (an upper bound no
-# real scheduler reaches) — and the study's analyses are rerun on the extended panel; the campaign is
-# repeated at base SLO with the predictions re-drawn at 0%, 50% and 100% error.
+# least attained service, an SRPT oracle that knows the true output lengths (an upper bound no real
+# scheduler reaches); four of SGLang's `--schedule-policy` options — `hrrn` (highest response ratio
+# next), `lof` (longest output first), `shortest_prefill_first`, and `random`, a seeded random order
+# that serves as the panel's floor; and TensorRT-LLM's default capacity rule, `guaranteed_no_evict`,
+# which admits a request only when the KV cache can hold its prompt and its whole (predicted) output
+# beside every running request's reservation — and the study's analyses are rerun on the extended
+# panel; the campaign is repeated at base SLO with the predictions re-drawn at 0%, 50% and 100% error.
+#
+# **What is not in the panel, and why.** TensorRT-LLM's other capacity rule, `MAX_UTILIZATION`,
+# admits whatever fits the next step and pauses the most recently started request when the cache
+# runs out: under the `vllm_v1` engine model that *is* the engine's own behaviour with the queue in
+# arrival order, so it would duplicate `fifo`; under `lssp`, which never evicts and lets KV use pass
+# its cap, a rule about what to evict has nothing to act on. SGLang's cache-aware policies, `lpm`
+# (longest prefix match) and `dfs-weight` (a walk of the radix tree of shared prefixes), rank requests
+# by the prompt prefixes they share with the cache; the windows record token counts, not token
+# contents, so they carry no prefix information and both policies are out of reach (every request
+# would tie). SGLang's `priority` is a user-given priority, as vLLM's is (`vllm_priority` here). vLLM's
+# long-prefill caps (`long_prefill_token_threshold`, `max_num_partial_prefills`,
+# `max_long_partial_prefills`) are parameters of the `vllm_v1` engine model, off in the campaign as
+# they are by default in vLLM; the model's documentation says what they do.
 
 # %% tags=["parameters"]
 results_path = ""          # campaign table to read (empty: data/results/campaign_<engine_model>.parquet)
@@ -69,8 +86,12 @@ higher_better = METRICS[metric]
 glue("rq7_engine", engine_model, display=False)
 glue("rq7_n_panel", len(EXTENDED), display=False)
 glue("rq7_prediction_region", prediction_region, display=False)
-print(f"engine model {engine_model}; {len(EXTENDED)} policies ({len(PRIMARY_PANEL)} of the study's "
-      f"primary panel + {len(RQ7_POLICIES)} new); metric {metric}")
+#: Added by the widened panel: SGLang's four schedule policies and TensorRT-LLM's capacity rule.
+WIDENED = ("hrrn", "lof", "shortest_prefill_first", "random", "guaranteed_no_evict")
+WIDENED = tuple(p for p in WIDENED if p in RQ7_POLICIES)
+FLOOR = "random"
+glue("rq7_n_new", present.count(len(RQ7_POLICIES), "scheduler"), display=False)
+glue("rq7_n_new_word", len(RQ7_POLICIES), display=False)
 
 # %% [markdown]
 # ## Where each new policy ranks
@@ -83,7 +104,7 @@ rank = means.rank(axis=0, ascending=not higher_better, method="min")
 ranks_new = rank.loc[list(RQ7_POLICIES)]
 cols = [(s, r) for s in sources for r in regions]
 ranks_new = ranks_new[cols]
-fig, ax = plt.subplots(figsize=(10, 3.2))
+fig, ax = plt.subplots(figsize=(10, 1.6 + 0.3 * len(RQ7_POLICIES)))
 im = ax.imshow(ranks_new.to_numpy(), cmap="viridis_r", vmin=1, vmax=len(EXTENDED), aspect="auto")
 ax.set_yticks(range(len(RQ7_POLICIES)),
               [p + (" (oracle)" if p == ORACLE else "") for p in RQ7_POLICIES], fontsize=8)
@@ -102,8 +123,8 @@ present.figure("rq7_ranks", fig, output_dir, "rq7_ranks.png")
 # :figclass: pb-wide
 # :alt: Heat map with one row per new engine scheduler and one column per source and operating region, each cell the scheduler's rank among the extended panel, written in the cell.
 #
-# **Where today's engine schedulers rank.** Each row is one of the six added schedulers, each column a
-# source in a region; the cell is its rank by mean ANWG among all {glue:text}`rq7_n_panel:d` policies
+# **Where today's engine schedulers rank.** Each row is one of the {glue:text}`rq7_n_new:s` added
+# to the study's panel, each column a source in a region; the cell is its rank by mean ANWG among all {glue:text}`rq7_n_panel:d` policies
 # (1 = best, ties share the best rank). A row that changes colour across the columns is a scheduler
 # whose standing depends on the workload and the load.
 # :::
@@ -118,7 +139,58 @@ glue("rq7_safe_default", safe, display=False)
 glue("rq7_safe_worst", int(deployable.loc[safe, "worst rank"]), display=False)
 glue("rq7_safe_median", float(deployable.loc[safe, "median rank"]), display=False)
 glue("rq7_oracle_median", float(summary.loc[ORACLE, "median rank"]), display=False)
-present.table(summary, digits=1)
+# the random floor: which policies of the whole panel do no better than a random order, at the median
+median_all = rank[cols].median(axis=1)
+if FLOOR in median_all.index:
+    below = [p for p in EXTENDED if p != FLOOR and median_all[p] >= median_all[FLOOR]]
+    glue("rq7_floor_median", present.num(median_all[FLOOR], 1), display=False)
+    glue("rq7_below_floor", f"{present.count(len(below), 'policy', 'policies')} ({present.join(below)})"
+         if below else "no policy", display=False)
+    glue("rq7_below_floor_verb", "ranks" if len(below) == 1 else "rank", display=False)
+else:
+    for k in ("rq7_floor_median", "rq7_below_floor", "rq7_below_floor_verb"):
+        glue(k, "n/a", display=False)
+present.table(summary.rename_axis("policy"), digits=1)
+
+# %% [markdown]
+# The seeded `random` order is the floor: its median rank over the sources and regions is
+# {glue:text}`rq7_floor_median:s`, and {glue:text}`rq7_below_floor:s`
+# {glue:text}`rq7_below_floor_verb:s` no better than it at the median.
+
+# %% [markdown]
+# ## TensorRT-LLM's capacity rule against FCFS
+#
+# `guaranteed_no_evict` reserves KV for a request's prompt and whole predicted output at admission,
+# and stops admitting at the first request that does not fit; FCFS (`fifo`) admits whatever the
+# engine takes. Under `vllm_v1`, whose engine preempts the newest request when a running one cannot
+# grow, the reservation trades admissions for preemptions (none at all with exact predictions; a
+# request whose output was under-predicted can still outgrow its reservation). Under `lssp` nothing
+# is ever preempted, so only the admission side differs. Per region, mean over every window of the
+# three sources:
+
+# %%
+cap_pols = [p for p in ("fifo", "guaranteed_no_evict") if p in set(table["policy"])]
+base_slo = table[(table["slo_multiplier"] == 20.0) & table["policy"].isin(cap_pols)]
+capacity = (base_slo.groupby(["region", "policy"], sort=False)[[metric, "n_preemptions", "mean_ttft_s"]]
+            .mean().unstack("policy"))
+capacity = capacity.reindex([r for r in regions if r in capacity.index])
+capacity.columns = [f"{present.label(m)}, {p}" for m, p in capacity.columns]
+gne_pre = float(base_slo.loc[base_slo["policy"] == "guaranteed_no_evict", "n_preemptions"].mean()) \
+    if "guaranteed_no_evict" in cap_pols else float("nan")
+fifo_pre = float(base_slo.loc[base_slo["policy"] == "fifo", "n_preemptions"].mean())
+if fifo_pre == 0 and not gne_pre > 0:
+    capacity_sentence = (f"Under the {engine_model} engine model no request is ever preempted under either "
+                         "rule: they differ in what they admit, and when.")
+else:
+    capacity_sentence = (f"Per window and cell, FCFS is preempted {present.num(fifo_pre, 1)} times on "
+                         f"average under the {engine_model} engine model and `guaranteed_no_evict` "
+                         f"{present.num(gne_pre, 1)} times.")
+glue("rq7_capacity_sentence", capacity_sentence, display=False)
+present.table(capacity.rename_axis("region").rename(columns=lambda c: c.replace("n_preemptions", "preemptions")),
+              digits=3)
+
+# %% [markdown]
+# {glue:text}`rq7_capacity_sentence:s`
 
 # %% [markdown]
 # ## Cross-source $\tau_b$ with the extended panel
@@ -133,7 +205,7 @@ cs["tau_b (study's panel)"] = cs_study["tau_b"].to_numpy()
 glue("rq7_tau_min", present.num(cs["tau_b"].min(), 2), display=False)
 glue("rq7_tau_median", present.num(cs["tau_b"].median(), 2), display=False)
 glue("rq7_tau_study_median", present.num(cs["tau_b (study's panel)"].median(), 2), display=False)
-present.table(cs, digits=3)
+present.table(cs.rename(columns={"tau_b (study's panel)": "τ_b (study's panel)"}), digits=3)
 
 # %% [markdown]
 # ## Reversals: which pairs flip between sources
@@ -150,12 +222,28 @@ involves_new = sup["policy_a"].isin(RQ7_POLICIES) | sup["policy_b"].isin(RQ7_POL
 glue("rq7_n_tests", int(len(rev)), display=False)
 glue("rq7_supported", int(len(sup)), display=False)
 glue("rq7_supported_new", int(involves_new.sum()), display=False)
+involves_widened = sup["policy_a"].isin(WIDENED) | sup["policy_b"].isin(WIDENED)
+glue("rq7_supported_widened", present.count(int(involves_widened.sum()), "supported reversal"),
+     display=False)
+glue("rq7_supported_widened_verb", "involves" if int(involves_widened.sum()) == 1 else "involve",
+     display=False)
+widened_rev = sup.loc[involves_widened, [c for c in ("region", "policy_a", "policy_b", "source_x",
+                                                      "source_y", "delta_x", "delta_y")
+                                         if c in sup.columns]]
 per_policy = pd.Series({p: int(((sup["policy_a"] == p) | (sup["policy_b"] == p)).sum()) for p in EXTENDED},
                        name="supported reversals")
-present.table(counts.to_frame("tests"))
+present.table(counts.rename(index=present.label).rename_axis("class").to_frame("tests"))
+
+# %% [markdown]
+# Of the supported reversals, {glue:text}`rq7_supported_widened:s`
+# {glue:text}`rq7_supported_widened_verb:s` one of SGLang's policies or TensorRT-LLM's capacity rule;
+# any are listed below (Δ: the first policy's mean ANWG minus the second's, in each source).
 
 # %%
-fig, ax = plt.subplots(figsize=(7, 3))
+present.table(widened_rev, digits=3) if len(widened_rev) else None
+
+# %%
+fig, ax = plt.subplots(figsize=(7, 1 + 0.2 * len(per_policy)))
 per_policy.sort_values().plot.barh(ax=ax, color=["C1" if p in RQ7_POLICIES else "C0"
                                                  for p in per_policy.sort_values().index])
 ax.set_xlabel("supported practical reversals involving the policy")
@@ -217,9 +305,9 @@ for p in NEW:
     better_anwg = (means.loc[p] > means.loc["fifo"]) if higher_better else (means.loc[p] < means.loc["fifo"])
     better_lat = mean_lat.loc[p] < mean_lat.loc["fifo"]
     per_source = better_anwg.groupby(level="source").agg(["sum", "size"])
-    claims.append({"policy": p, "beats FCFS on " + metric: f"{int(better_anwg.sum())}/{len(better_anwg)}",
+    claims.append({"policy": p, "beats FCFS on " + present.label(metric): f"{int(better_anwg.sum())}/{len(better_anwg)}",
                    "beats FCFS on mean latency": f"{int(better_lat.sum())}/{len(better_lat)}",
-                   f"{metric}: regions won per source": ", ".join(
+                   f"{present.label(metric)}: regions won per source": ", ".join(
                        f"{source_label(s)} {int(n)}/{int(k)}" for s, (n, k) in per_source.iterrows())})
 claims = pd.DataFrame(claims)
 present.table(claims)
@@ -230,7 +318,9 @@ present.table(claims)
 # The windows' predicted output lengths carry a seeded log-normal error, 20% in the study. The
 # campaign reruns the base SLO at 0%, 50% and 100% error (deadlines stay those of the study). Policies
 # that do not read predictions (FCFS, EDF, LAS, FastServe's prompt-length levels, the oracle's true
-# lengths) move only because the others do. Note that `sjf_aging` runs with its engines' published
+# lengths; `shortest_prefill_first` and `random` among the widened panel) move only because the
+# others do; `hrrn` (its service estimate), `lof` and `guaranteed_no_evict` (its KV reservation) read
+# the predicted output and are tracked with the length-aware policies. Note that `sjf_aging` runs with its engines' published
 # defaults, whose length term normalises by 32,768 tokens: with these windows' outputs (hundreds of
 # tokens) it barely separates requests, and the wait-time term does most of the ranking — so a worse
 # predictor can hardly hurt it, and a reader who tunes the normaliser (`sjf_aging`'s parameters) asks a
@@ -248,7 +338,7 @@ if len(levels) < 2:
     raise FileNotFoundError(f"no prediction-error sweep for {engine_model}: run "
                             f"`portbench campaign --engine-model {engine_model} --prediction-error 0 0.5 1`")
 track = ("sjf_aging", "estimated_service_time_first", "vllm_style_token_budget", "short_request_first",
-         "fastserve_mlfq", "las", "srpt_oracle", "fifo", "edf")
+         "fastserve_mlfq", "las", "hrrn", "lof", "guaranteed_no_evict", "srpt_oracle", "fifo", "edf")
 track = tuple(p for p in track if p in EXTENDED)
 rows = []
 for err, t in sorted(levels.items()):
@@ -260,13 +350,15 @@ for err, t in sorted(levels.items()):
                      metric: float(m.loc[p].mean())})
 pe = pd.DataFrame(rows)
 fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
-for p, g in pe.groupby("policy", sort=False):
+colours = plt.cm.tab20(np.linspace(0, 1, 20))     # one colour per tracked policy (up to 20)
+for k, (p, g) in enumerate(pe.groupby("policy", sort=False)):
     style = "--" if p in ("fifo", "edf", ORACLE) else "-"
-    axes[0].plot(g["prediction_error"] * 100, g["mean_rank"], style, marker="o", label=p)
-    axes[1].plot(g["prediction_error"] * 100, g[metric], style, marker="o", label=p)
+    c = colours[(2 * k) % 20 + (2 * k) // 20 % 2]
+    axes[0].plot(g["prediction_error"] * 100, g["mean_rank"], style, marker="o", label=p, color=c)
+    axes[1].plot(g["prediction_error"] * 100, g[metric], style, marker="o", label=p, color=c)
 axes[0].set_ylabel(f"mean rank at {prediction_region} (1 = best)")
 axes[0].invert_yaxis()
-axes[1].set_ylabel(f"mean {metric} at {prediction_region}")
+axes[1].set_ylabel(f"mean {present.label(metric)} at {prediction_region}")
 for ax in axes:
     ax.set_xlabel("prediction error (%)")
 axes[1].legend(fontsize=7, bbox_to_anchor=(1.02, 1), loc="upper left")
@@ -280,7 +372,18 @@ if 0.0 in wide and 1.0 in wide and "sjf_aging" in wide.index:
                                                                                  "mean_rank"]), display=False)
     glue("rq7_sjf_rank_1", float(pe.set_index(["policy", "prediction_error"]).loc[("sjf_aging", 1.0),
                                                                                  "mean_rank"]), display=False)
-present.table(wide.rename(columns=lambda e: f"{e:.0%} error"), digits=3)
+readers = [p for p in ("hrrn", "lof", "guaranteed_no_evict") if p in wide.index]
+if 0.0 in wide and 1.0 in wide and readers:
+    glue("rq7_widened_prediction", present.join(
+        [f"`{p}` {present.signed(wide.loc[p, 1.0] - wide.loc[p, 0.0], 3)}" for p in readers]),
+        display=False)
+else:
+    glue("rq7_widened_prediction", "not measured (no sweep on disk)", display=False)
+present.table(wide.rename(columns=lambda e: f"{e:.0%} error").rename_axis("policy"), digits=3)
+
+# %% [markdown]
+# From a perfect to a 100%-error predictor, the mean ANWG at {glue:text}`rq7_prediction_region` of
+# the widened panel's prediction readers changes by {glue:text}`rq7_widened_prediction:s`.
 
 # %% [markdown]
 # :::{glue:figure} rq7_prediction_error
@@ -466,11 +569,13 @@ glue("rq7_real_sentence", real_sentence, display=False)
 # Under the {glue:text}`rq7_engine` engine model, among today's engine schedulers the one with the
 # best worst case across sources and regions is **{glue:text}`rq7_safe_default`** (worst rank
 # {glue:text}`rq7_safe_worst` of {glue:text}`rq7_n_panel`, median {glue:text}`rq7_safe_median:.1f`);
-# the SRPT oracle's median rank is {glue:text}`rq7_oracle_median:.1f`. With the six added, the
+# the SRPT oracle's median rank is {glue:text}`rq7_oracle_median:.1f`. With
+# {glue:text}`rq7_n_new:s` added, the
 # median cross-source $\tau_b$ is {glue:text}`rq7_tau_median` (study's panel
 # {glue:text}`rq7_tau_study_median`; lowest {glue:text}`rq7_tau_min`), and
 # {glue:text}`rq7_supported_new` of the {glue:text}`rq7_supported` supported reversals among
-# {glue:text}`rq7_n_tests` tests involve a new policy. From a perfect to a 100%-error predictor, SJF
+# {glue:text}`rq7_n_tests` tests involve a new policy ({glue:text}`rq7_supported_widened:s` one of
+# SGLang's policies or TensorRT-LLM's capacity rule). From a perfect to a 100%-error predictor, SJF
 # with aging's mean ANWG at {glue:text}`rq7_prediction_region` changes by
 # {glue:text}`rq7_sjf_change` (mean rank {glue:text}`rq7_sjf_rank_0:.1f` →
 # {glue:text}`rq7_sjf_rank_1:.1f`). {glue:text}`rq7_real_sentence:s`

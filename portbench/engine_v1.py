@@ -16,7 +16,10 @@ vLLM v1's scheduler does (see ``VLLM_V1_SEMANTICS`` in the project's spec):
 - the **first token** comes at the end of the step that completes the prompt; a request leaves at the
   end of the step that emits its last token;
 - the **step time** is ``fixed + per_prefill_token · P + per_decode_seq · D + per_context_token · C``
-  (P prefill tokens, D decoding sequences, C context tokens read by the scheduled requests).
+  (P prefill tokens, D decoding sequences, C context tokens read by the scheduled requests);
+- optional **long-prefill caps** (off by default; see :class:`VllmV1Model`): a request prefills at most
+  ``long_prefill_token_threshold`` tokens a step, and at most ``max_num_partial_prefills`` requests
+  (``max_long_partial_prefills`` of them long) prefill in one step.
 
 Time is kept in integer picoseconds so that a run of steps can be summed in closed form exactly: in a
 pure-decode stretch the context grows by D tokens a step, the step times form an arithmetic series,
@@ -151,7 +154,30 @@ class StepCost:
 class VllmV1Model:
     """vLLM-v1-like engine model. Capacity defaults match the study's GPU (64 sequences, 131,072 KV
     tokens); the step cost defaults to a published vLLM fit (Llama-3.1-8B, H100) until replaced by a
-    fit to our own engine profiles."""
+    fit to our own engine profiles.
+
+    vLLM's long-prefill caps (its ``SchedulerConfig``), all off by default (0 / 1 / 1, vLLM's own
+    defaults), which leaves every run exactly as without them:
+
+    - ``long_prefill_token_threshold`` (0 = off): a request computes at most this many prefill tokens
+      in a step, whether running or just admitted — vLLM v1's scheduler (``vllm/v1/core/sched/
+      scheduler.py``) caps ``num_new_tokens`` at it in both its running and its waiting loop, before
+      the token budget. A prompt (or a recompute) *longer* than it is a long prefill.
+    - ``max_num_partial_prefills`` (1 = off) and ``max_long_partial_prefills`` (1): with the first
+      above 1, at most that many requests prefill in one step, and at most the second of them are
+      long. vLLM v1 rejects values above 1 ("Concurrent Partial Prefill is not supported") and later
+      removed both arguments, so the semantics modelled are those of vLLM v0's scheduler
+      (``vllm/core/scheduler.py``, ``PartialPrefillMetadata``), where they came from: the running
+      requests still prefilling count first (they are never held back); a waiting request is then
+      admitted only while fewer than ``max_num_partial_prefills`` requests prefill in the step (at
+      the cap, admission stops); a *long* waiting request only while fewer than
+      ``max_long_partial_prefills`` long ones do — if not, it is passed over and the walk goes on, so
+      that short prompts overtake long ones (v0's documented purpose). v0 also splits the step's
+      token budget evenly among concurrent prefills; that is not modelled (each takes what the
+      budget and the threshold leave, as in v1). vLLM derives a threshold of 4% of the model's
+      context when the caps are on and it is 0; the model has no context length, so it must be
+      given.
+    """
 
     name: ClassVar[str] = "vllm_v1"
     fixed_steps: ClassVar[bool] = False
@@ -161,6 +187,30 @@ class VllmV1Model:
     block_size: int = 16
     cost: StepCost = StepCost()
     drain_s: float = 50.0
+    long_prefill_token_threshold: int = 0
+    max_num_partial_prefills: int = 1
+    max_long_partial_prefills: int = 1
+
+    def __post_init__(self):
+        for what, least in (("long_prefill_token_threshold", 0), ("max_num_partial_prefills", 1),
+                            ("max_long_partial_prefills", 1)):
+            v = getattr(self, what)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < least:
+                raise ValueError(f"VllmV1Model: {what} must be an integer >= {least}, got {v!r}")
+        if self.max_long_partial_prefills > self.max_num_partial_prefills:
+            raise ValueError(f"VllmV1Model: max_long_partial_prefills ({self.max_long_partial_prefills})"
+                             f" must not exceed max_num_partial_prefills "
+                             f"({self.max_num_partial_prefills})")
+        if self.max_num_partial_prefills > 1 and self.long_prefill_token_threshold == 0:
+            raise ValueError(f"VllmV1Model: max_num_partial_prefills="
+                             f"{self.max_num_partial_prefills} needs long_prefill_token_threshold > 0 "
+                             f"(what counts as a long prefill; vLLM derives 4% of the model's context "
+                             f"length, which this model does not know)")
+
+    @property
+    def partial_prefill_caps(self) -> bool:
+        """The concurrent-prefill caps are on (``max_num_partial_prefills > 1``)."""
+        return self.max_num_partial_prefills > 1
 
     @functools.cached_property
     def max_sequences(self) -> int:
@@ -189,12 +239,13 @@ INP, OUT, COMPUTED, TARGET, BLOCKS, DECODED, FIRST, FINISH = range(8)
 
 
 @numba.njit(cache=True)
-def _schedule_running(run, hold, held, st, sched, budget, free, bs):
+def _schedule_running(run, hold, held, st, sched, budget, free, bs, thr):
     """vLLM's running phase: each running request in order gets ``min(left, budget)`` tokens and the
     blocks for them; one that cannot get its blocks preempts from the end of ``run`` (recompute: its
     blocks are freed, its KV dropped, its target reset), and one that would preempt itself stops it.
-    The requests in ``hold`` are passed over (``held``, all False, is the scratch table for that);
-    an id in ``hold`` outside the table returns -1 requests walked, and nothing is done.
+    A prefill computes at most ``thr`` tokens a step (0: no cap). The requests in ``hold`` are
+    passed over (``held``, all False, is the scratch table for that); an id in ``hold`` outside the
+    table returns -1 requests walked, and nothing is done.
 
     Writes (request, new tokens) rows into ``sched``. Returns (requests walked, running requests left
     after preemption, rows written, budget, free blocks, prefill tokens, decodes, context tokens, KV
@@ -214,6 +265,8 @@ def _schedule_running(run, hold, held, st, sched, budget, free, bs):
         c = st[i, COMPUTED]
         left = st[i, TARGET] - c
         n_new = min(left, budget)
+        if 0 < thr < n_new:
+            n_new = thr
         need = -(-(c + n_new) // bs) - st[i, BLOCKS]
         stuck = False
         while need > free:
@@ -408,9 +461,14 @@ class _V1Engine:
         for i in self._finished[:n_finished].tolist():
             self.running.remove(i)
 
+    def _first_chunk(self, tokens: int, budget: int) -> int:
+        """The tokens a waiting request (nothing computed) computes if admitted with ``budget`` left."""
+        thr = self.model.long_prefill_token_threshold
+        return min(tokens, budget, thr) if thr > 0 else min(tokens, budget)
+
     def _first_chunk_blocks(self, tokens: int, budget: int) -> int:
         """KV blocks a waiting request (nothing computed) needs to be admitted with ``budget`` tokens."""
-        return -(-min(tokens, budget) // self.model.block_size)
+        return -(-self._first_chunk(tokens, budget) // self.model.block_size)
 
     def _admission_impossible(self, budget: int, free_blocks: int) -> bool:
         """No waiting request can be admitted: no slot, no budget, or too few blocks for any of them."""
@@ -495,7 +553,8 @@ class _V1Engine:
         run = np.array(running, dtype=np.int64)
         k, n_left, n_sched, budget, free, prefill, decodes, context, dropped = \
             _schedule_running(run, self._hold_array(hold), self._held, st, self._sched,
-                              m.max_num_batched_tokens, self.free_blocks, bs)
+                              m.max_num_batched_tokens, self.free_blocks, bs,
+                              m.long_prefill_token_threshold)
         if k < 0:
             bad = next(i for i in sorted(hold) if not 0 <= i < self.n)
             raise PolicyContractError(f"policy {self.policy.name!r} held request {bad} at step "
@@ -521,6 +580,10 @@ class _V1Engine:
         if not preempted:
             sched = self._sched
             taken = []                  # the queue changes once the admissions are taken
+            caps = m.partial_prefill_caps
+            if caps:                    # prefills of the step so far (all of them, the long ones)
+                n_pre, n_long = self._running_prefills(n_sched)
+                passed = []             # long requests passed over (v0's leftover waiting requests)
             for i in d.admit:
                 if not (isinstance(i, (int, np.integer)) and 0 <= i < self.n):
                     raise PolicyContractError(f"policy {self.policy.name!r} admitted {i!r} at step "
@@ -540,7 +603,20 @@ class _V1Engine:
                     self.refused = ((i, "budget"),)
                     break
                 target = int(st[i, TARGET])           # nothing computed, no blocks while waiting
-                n_new = min(target, budget)
+                is_prefill = target > 1 or st[i, DECODED] == 0
+                if caps and is_prefill:
+                    if n_pre >= m.max_num_partial_prefills:
+                        refused_for_room = True
+                        self.refused = ((i, "prefills"),)
+                        break                      # no more prefills this step
+                    if target > m.long_prefill_token_threshold:
+                        if n_long >= m.max_long_partial_prefills:
+                            refused_for_room = True
+                            passed.append((i, "long_prefills"))
+                            continue               # passed over: shorter prompts may go ahead
+                        n_long += 1
+                    n_pre += 1
+                n_new = self._first_chunk(target, budget)
                 need = -(-n_new // bs)
                 if need > self.free_blocks:
                     refused_for_room = True
@@ -561,6 +637,8 @@ class _V1Engine:
                     decodes += 1
                 budget -= n_new
                 admitted = True
+            if caps and passed:         # the long requests passed over, then where the walk stopped
+                self.refused = (*passed, *self.refused)
             for i in taken:
                 self.waiting.remove(i)
                 self.queue_log.append(~i)
@@ -595,6 +673,19 @@ class _V1Engine:
         if prefill or admitted or preempted or n_fin or hold or not all_ran:
             return False, False
         return not refused_for_room, False
+
+    def _running_prefills(self, n_sched: int) -> tuple[int, int]:
+        """(prefills, long prefills) among the step's first ``n_sched`` scheduled (running) requests:
+        a request still prefilling, long when more than the threshold of its prompt (or recompute)
+        was left to compute at the step's start."""
+        st, thr = self.st, self.model.long_prefill_token_threshold
+        n_pre = n_long = 0
+        for i in self._sched[:n_sched, 0].tolist():
+            left = int(st[i, TARGET] - st[i, COMPUTED])
+            if left > 1 or st[i, DECODED] == 0:
+                n_pre += 1
+                n_long += left > thr
+        return n_pre, n_long
 
     def _hold_array(self, hold) -> np.ndarray:
         """``hold`` as an array of ids, kept for the next step while the policy (or a repeated steady

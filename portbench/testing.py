@@ -178,7 +178,18 @@ def _strategies():
                             cost=cost, drain_s=lssp.drain_s)
         return window, model
 
-    return {"lssp": lssp_cases(), "vllm_v1": vllm_v1_cases()}
+    @st.composite
+    def vllm_v1_caps_cases(draw):
+        # vLLM's long-prefill caps on (see VllmV1Model): a threshold, and concurrent-prefill caps
+        import dataclasses
+        window, model = draw(vllm_v1_cases())
+        partial = draw(st.integers(1, 3))
+        model = dataclasses.replace(
+            model, long_prefill_token_threshold=draw(st.sampled_from([8, 32, 100])),
+            max_num_partial_prefills=partial, max_long_partial_prefills=draw(st.integers(1, partial)))
+        return window, model
+
+    return {"lssp": lssp_cases(), "vllm_v1": vllm_v1_cases(), "vllm_v1_caps": vllm_v1_caps_cases()}
 
 
 def random_cases(engine_model: str):
@@ -192,7 +203,9 @@ def random_cases(engine_model: str):
 def real_cases(engine_model: str, n_windows: int = 2):
     """(window, engine model) pairs from the shipped windows at the HIGH_PRESSURE load (the first
     window of the first ``n_windows`` sources, at the study's base SLO), where queues run long: at
-    the λ_ref of ``data/results/lambda_ref_<engine>.csv`` when present, else calibrated here."""
+    the λ_ref of ``data/results/lambda_ref_<engine>.csv`` when present, else calibrated here.
+    ``vllm_v1_caps``: the ``vllm_v1`` cases with vLLM's long-prefill caps on (threshold 256, at most
+    two prefills a step, one of them long)."""
     import pandas as pd
 
     from . import store
@@ -200,7 +213,14 @@ def real_cases(engine_model: str, n_windows: int = 2):
     from .regions import find_lambda_ref, region_factor
     from .workload import with_slo
 
+    caps = engine_model == "vllm_v1_caps"
+    if caps:
+        import dataclasses
+        engine_model = "vllm_v1"
     model = make_model(engine_model)
+    if caps:
+        model = dataclasses.replace(model, long_prefill_token_threshold=256,
+                                    max_num_partial_prefills=2, max_long_partial_prefills=1)
     table = store.default_data_dir() / "results" / f"lambda_ref_{engine_model}.csv"
     lam = pd.read_csv(table).set_index("window_id")["lambda_ref"] if table.exists() else {}
     first = store.list_windows().groupby("source", sort=True).head(1)["window_id"].tolist()
@@ -216,7 +236,8 @@ def check_policy(policy_class, params: dict | None = None, *, engine_models=("ls
                  max_examples: int = 40, real_windows: int = 2, seed: int = 0) -> None:
     """Check ``policy_class(**params)`` against the engine's contract on random and real windows.
 
-    Under each engine model, on ``max_examples`` random windows and on ``real_windows`` shipped
+    Under each engine model (``lssp``, ``vllm_v1``, or ``vllm_v1_caps``: ``vllm_v1`` with vLLM's
+    long-prefill caps on), on ``max_examples`` random windows and on ``real_windows`` shipped
     windows at high load (:func:`real_cases`): the fast engine equals the step-by-step loop request
     by request, the engine honoured every decision of the walk, and a second run is identical.
     Raises :class:`PolicyContractError` naming the policy, the engine model, the first diverging

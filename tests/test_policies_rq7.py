@@ -59,7 +59,8 @@ def expect(name, w, model=ONE_SLOT, admit=None, finish=None, preemptions=None, *
 
 def test_rq7_panel_is_registered_after_the_study_panel():
     assert RQ7_POLICIES == ("vllm_priority", "sjf_aging", "short_request_first", "fastserve_mlfq",
-                            "las", "srpt_oracle")
+                            "las", "srpt_oracle", "hrrn", "lof", "shortest_prefill_first", "random",
+                            "guaranteed_no_evict")
     assert EXTENDED_PANEL == STUDY_POLICIES + RQ7_POLICIES
     names = available()
     assert names[:len(STUDY_POLICIES)] == list(STUDY_POLICIES)

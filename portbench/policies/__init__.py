@@ -23,7 +23,8 @@ ROBUSTNESS_PANEL = ("vllm_style_token_budget", "scorpio_style_slo_guard")
 STUDY_POLICIES = PRIMARY_PANEL + ROBUSTNESS_PANEL
 #: RQ7: today's engine schedulers (not in the study); ``srpt_oracle`` is a clairvoyant bound.
 RQ7_POLICIES = ("vllm_priority", "sjf_aging", "short_request_first", "fastserve_mlfq", "las",
-                "srpt_oracle")
+                "srpt_oracle", "hrrn", "lof", "shortest_prefill_first", "random",
+                "guaranteed_no_evict")
 EXTENDED_PANEL = STUDY_POLICIES + RQ7_POLICIES
 
 
