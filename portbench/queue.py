@@ -65,14 +65,13 @@ class KeyPolicy(Policy):
             self._rank = rank_by(view, self.key(view, np.arange(view.n_requests)))
             self._waiting = WaitingOrder()
 
-    def ranked(self, view) -> np.ndarray:
-        """The waiting requests in key order (ties: the queue's order), as an int64 array."""
-        w = np.fromiter(view.waiting, dtype=np.int64, count=len(view.waiting))
+    def ranked(self, view) -> "Ranked":
+        """The waiting requests in key order (ties: the queue's order)."""
+        w = view._waiting_array()
         if len(w) < 2:
-            return w
+            return Ranked(w, ())
         cols = self.key(view, w)
-        cols = cols if isinstance(cols, tuple) else (cols,)
-        return w[np.lexsort((np.arange(len(w)), *cols[::-1]))]
+        return Ranked(w, cols if isinstance(cols, tuple) else (cols,))
 
     def schedule(self, view):
         if not self.evict:
@@ -80,6 +79,43 @@ class KeyPolicy(Policy):
         rank = self._rank
         admit, preempt = admit_by_key(view, self._waiting.get(view, rank), rank.__getitem__)
         return Decision(admit=admit, preempt=preempt)
+
+
+class Ranked:
+    """Requests ``ids`` (in queue order) ranked by key columns ``cols`` (the most significant
+    first), then queue order. Iterated, it yields the head first and sorts the rest only when the
+    walk goes past it (an engine with head-of-line admission rarely does); as an array
+    (``np.asarray``), it is the whole order (an engine that skips misfits walks it all)."""
+
+    #: The head sorted first: the requests whose first key is among the HEAD smallest (all ties
+    #: included: every other request ranks after all of them).
+    HEAD = 32
+
+    __slots__ = ("ids", "cols")
+
+    def __init__(self, ids: np.ndarray, cols: tuple):
+        self.ids, self.cols = ids, cols
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def _order(self, among: np.ndarray) -> np.ndarray:
+        return self.ids[among[np.lexsort((among, *(c[among] for c in self.cols[::-1])))]]
+
+    def __array__(self, dtype=None, copy=None):
+        ids = self._order(np.arange(len(self.ids))) if self.cols else self.ids
+        return ids if dtype is None else ids.astype(dtype)
+
+    def __iter__(self):
+        n = len(self.ids)
+        if not self.cols or n <= 2 * self.HEAD:
+            yield from np.asarray(self).tolist()
+            return
+        first = self.cols[0]
+        kth = np.partition(first, self.HEAD - 1)[self.HEAD - 1]
+        head = first <= kth                   # (NaN keys rank last, with the rest)
+        yield from self._order(np.flatnonzero(head)).tolist()
+        yield from self._order(np.flatnonzero(~head)).tolist()
 
 
 def rank_by(view, cols) -> np.ndarray:

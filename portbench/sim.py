@@ -198,6 +198,10 @@ class EngineView:
             self._waiting, self._waiting_of = tuple(e.waiting), self._queue_version
         return self._waiting
 
+    def _waiting_array(self) -> np.ndarray:
+        """:attr:`waiting` as an int64 array (for the package's queue code)."""
+        return np.array(self._engine.waiting, dtype=np.int64)
+
     @property
     def decoded(self) -> np.ndarray:
         """Tokens produced so far, per request (a read-only int64 array, indexed by request id)."""
@@ -506,7 +510,8 @@ class _Engine:
         seq_cap, n = m.max_sequences, self.n
         admitted, refused = [], []
         proposal = d.admit
-        if isinstance(proposal, np.ndarray) and len(proposal) > 32:
+        if hasattr(proposal, "__array__") and len(proposal) > 32:
+            proposal = np.asarray(proposal)
             # a long proposal: a prompt that does not fit the KV room left now never will in this
             # walk (the room only shrinks), so such requests are refused at once, not walked
             if len(proposal) and not (0 <= proposal.min() and proposal.max() < n):

@@ -119,10 +119,13 @@ def test_llf_ranks_a_long_queue_in_the_exact_key_order():
     now = 0.1 + 1e-9
     waiting = tuple(rng.permutation(n)[:2500].tolist())
     view = SimpleNamespace(n_requests=n, deadline_s=d, priority=prio, input_tokens=prompts,
-                           predicted_output_tokens=outputs, now=now, waiting=waiting)
+                           predicted_output_tokens=outputs, now=now, waiting=waiting,
+                           _waiting_array=lambda: np.array(waiting, dtype=np.int64))
     exact = sorted(waiting, key=lambda i: ((float(d[i]) - now) - (0.5 * int(prompts[i]) + 1.0 * int(outputs[i])),
                                            float(d[i]), -float(prio[i]), i))
-    np.testing.assert_array_equal(LeastLaxityFirst().ranked(view), exact)
+    ranked = LeastLaxityFirst().ranked(view)
+    np.testing.assert_array_equal(np.asarray(ranked), exact)
+    assert list(ranked) == exact             # the head first, then the rest: the same order
 
 
 # --- estimated_service_time_first and weighted_fair_share ---------------------------------------

@@ -2,6 +2,8 @@
 
 import math
 
+import numpy as np
+
 from ..queue import KeyPolicy
 from ..sim import Decision
 from . import register
@@ -44,4 +46,5 @@ class AdmissionControl(KeyPolicy):
         ranked = self.ranked(view)
         if self.laxity_threshold == math.inf:
             return Decision(admit=ranked)
+        ranked = np.asarray(ranked)
         return Decision(admit=ranked[self.laxity(view, ranked)[0] >= -self.laxity_threshold])
