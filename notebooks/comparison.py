@@ -970,7 +970,7 @@ present.figure("comparison_match", fig, output_dir, "comparison_match.png")
 # ({glue:text}`rq6_real_engine.ipynb::rq6_original_azure_llm_2024:s`,
 # {glue:text}`rq6_real_engine.ipynb::rq6_original_burstgpt:s` and
 # {glue:text}`rq6_real_engine.ipynb::rq6_original_bailian_qwen:s` on Azure, BurstGPT and Bailian), so
-# there the simulated reversal did not reproduce. Ours reads differently ({doc}`rq6_real_engine`):
+# there the simulated reversal did not reproduce. Ours reads differently ({doc}`rq6_real_engine`).
 # {glue:text}`rq6_real_engine.ipynb::rq6_conclusion:s` The two real-engine results are therefore not
 # like for like: they differ in hardware and model, and this artifact does not record which admission
 # limits the A100 run gave each policy. In the simulator, the {doc}`fidelity` chapter's ablation finds

@@ -347,8 +347,8 @@ if mml.notna().all() and mml.nunique() > 1:
     for pol in (policy_b, policy_a):
         total = pp.xs(pol, level="policy")["refused"]
         what = ("refused none" if (total == 0).all() else
-                f"refused {per_source('refused', pol, 2)} requests per run (of "
-                f"{present.num(pp['requests'].median(), 0)})")
+                f"refused on average, of {present.num(pp['requests'].median(), 0)} requests per run, "
+                f"{per_source('refused', pol, 2)}")
         refusals.append(f"{pol}, with max_model_len {present.num(mml[pol], 0)}, {what}")
     sentence += " The two policies ran with different admission limits: " + "; ".join(refusals) + "."
     worst = pp.xs(policy_b, level="policy")["refused"].idxmax()
