@@ -279,7 +279,7 @@ if len(run_err):
     glue("fid_flagged_share", float(run_err.loc[run_err["host_flagged"], "abs_error"].sum()
                                     / run_err["abs_error"].sum()), display=False)
     by_source = run_err.groupby("source")["abs_error"].sum() / run_err["abs_error"].sum()
-    glue("fid_worst_source", str(by_source.idxmax()), display=False)
+    glue("fid_worst_source", source_label(str(by_source.idxmax())), display=False)
     glue("fid_worst_source_share", float(by_source.max()), display=False)
     ratio_by_host = run_err.groupby("host")["step_ratio"].agg(["min", "median", "max"])
     for host, row in ratio_by_host.iterrows():
@@ -672,7 +672,7 @@ glue("fid_calibrated_slai_vllm", headline_count("reversals_supported_slai_vllm",
 # rule, and the ablation shows that without it the supported `slai_faithful`–`vllm_faithful`
 # reversals go {glue:text}`fid_hol_went:s`.
 #
-# **The real-engine case** (as {doc}`rq6_real_engine` reports it):
+# **The real-engine case**, as {doc}`rq6_real_engine` reports it.
 # {glue:text}`rq6_real_engine.ipynb::rq6_conclusion:s` The simulator's supported reversal and the real
 # engine's therefore do not rest on the same rule: the simulator's needs the head-of-line rule, which
 # the real engine does not have, while on the real engine `vllm_faithful` refuses every request whose
