@@ -286,8 +286,9 @@ glue("rq6_case_second", source_label(case_sources[1]), display=False)
 # real engine runs `vllm_faithful` (2,560-token budget, chunked prefill off) with a smaller
 # `max_model_len` than `slai_faithful`, and refuses every request whose prompt and output exceed it.
 # A refused request is never completed, so it lowers that policy's ANWG whatever the scheduler does.
-# Per source and policy, on the headline run (means over its runs; *not refused*: the share of the
-# requests the engine accepted):
+# Per source and policy, on the headline run (means over its runs, of
+# {glue:text}`rq6_requests_per_run:s` requests each; *not refused*: the share of the requests the
+# engine accepted):
 
 # %%
 head_tag = run_files[0].name.removesuffix("_runs.parquet")
@@ -310,10 +311,10 @@ order = list(dict.fromkeys(list(case_sources) + list(control_sources)))
 order = [s for s in order if s in set(per_policy["source"])]
 per_policy["source"] = pd.Categorical(per_policy["source"], categories=order, ordered=True)
 per_policy = per_policy.sort_values(["source", "policy"])
-present.table(per_policy.drop(columns="runs").rename(columns={"refused": "refused per run",
-                                                               "requests": "requests per run",
-                                                               "not_refused": "not refused"}),
-              digits={"max_model_len": 0, "refused per run": 2, "requests per run": 0, None: 3})
+glue("rq6_requests_per_run", present.num(per_policy["requests"].median(), 0), display=False)
+present.table(per_policy.drop(columns=["runs", "requests"]).rename(columns={"refused": "refused per run",
+                                                                          "not_refused": "not refused"}),
+              digits={"max_model_len": 0, "refused per run": 2, None: 3})
 
 # %%
 pp = per_policy.set_index(["source", "policy"])
