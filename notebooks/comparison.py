@@ -207,7 +207,7 @@ def spearman(a: pd.Series, b: pd.Series):
 # | cross-metric top-1 agreement | 31.9% | {glue:text}`rq3_cross_metric.ipynb::rq3_top1_agreement:.1%` |
 # | SLO sensitivity: median τ_b | 0.872 | {glue:text}`rq4_regions_slo.ipynb::rq4_slo_median_tau:.3f` |
 # | SLO sensitivity: top-1 changes | 13 of 30 | {glue:text}`rq4_regions_slo.ipynb::rq4_slo_top1_changes:d` of {glue:text}`rq4_regions_slo.ipynb::rq4_slo_conditions:d` |
-# | RQ6, SLAI − vLLM ANWG at HIGH_PRESSURE, Azure / BurstGPT / Bailian, real engine | −0.024 / −0.200 / −0.026 (vLLM 0.27.1, Qwen2.5-0.5B, A100, 40 windows per source) | {glue:text}`rq6_real_engine.ipynb::rq6_vllm_cpu_case_azure_llm_2024:s` / {glue:text}`rq6_real_engine.ipynb::rq6_vllm_cpu_case_burstgpt:s` / {glue:text}`rq6_real_engine.ipynb::rq6_vllm_cpu_case_bailian_qwen:s` (vLLM 0.32 CPU build, tiny random model; see RQ6 for the windows) |
+# | RQ6, SLAI − vLLM ANWG at HIGH_PRESSURE, Azure / BurstGPT / Bailian, real engine | {glue:text}`rq6_real_engine.ipynb::rq6_original_azure_llm_2024:s` / {glue:text}`rq6_real_engine.ipynb::rq6_original_burstgpt:s` / {glue:text}`rq6_real_engine.ipynb::rq6_original_bailian_qwen:s` (vLLM 0.27.1, Qwen2.5-0.5B, A100, 40 windows per source) | {glue:text}`rq6_real_engine.ipynb::rq6_real_azure_llm_2024:s` / {glue:text}`rq6_real_engine.ipynb::rq6_real_burstgpt:s` / {glue:text}`rq6_real_engine.ipynb::rq6_real_bailian_qwen:s` ({glue:text}`rq6_real_engine.ipynb::rq6_first_real:s`: vLLM's CPU build, tiny random-weight model; classifier: {glue:text}`rq6_real_engine.ipynb::rq6_real_case_class:s`; refusals and per-policy ANWG in RQ6) |
 # | the same, simulator ({glue:text}`cmp_engine`) | reversal (SLAI ahead on Azure, behind on BurstGPT) | {glue:text}`rq6_real_engine.ipynb::rq6_sim_azure_llm_2024:s` / {glue:text}`rq6_real_engine.ipynb::rq6_sim_burstgpt:s` / {glue:text}`rq6_real_engine.ipynb::rq6_sim_bailian_qwen:s` |
 # | compute for the campaign | ~33 CPU-core-hours for 18,720 cells (two repetitions) | see `benchmarks/bench_campaign.py` and the README (minutes on two cores) |
 #
@@ -966,13 +966,17 @@ present.figure("comparison_match", fig, output_dir, "comparison_match.png")
 # %% [markdown]
 # ## Where the numbers differ beyond the tables, and why
 #
-# **The real-engine result.** The original found that vLLM beat SLAI on every source on an A100, so
-# the simulated reversal did not reproduce. Our {doc}`fidelity` chapter locates the cause in the
-# simulator: `vllm_faithful`'s whole-prompt admission closes the queue behind any prompt above its
-# 2,560-token budget, which Azure and Bailian windows contain and BurstGPT windows do not; a real vLLM
-# either chunks such prompts or refuses them. Changing only that rule removes the supported reversals.
-# Our real-engine numbers come from a CPU build of vLLM with a tiny random-weight model, so their scale
-# (not their sign pattern) is not comparable with an A100 run; the GPU run is a separate step.
+# **The real-engine result.** The original found vLLM ahead of SLAI on every source on an A100
+# ({glue:text}`rq6_real_engine.ipynb::rq6_original_azure_llm_2024:s`,
+# {glue:text}`rq6_real_engine.ipynb::rq6_original_burstgpt:s` and
+# {glue:text}`rq6_real_engine.ipynb::rq6_original_bailian_qwen:s` on Azure, BurstGPT and Bailian), so
+# there the simulated reversal did not reproduce. Ours reads differently ({doc}`rq6_real_engine`).
+# {glue:text}`rq6_real_engine.ipynb::rq6_conclusion:s` The two real-engine results are therefore not
+# like for like: they differ in hardware and model, and this artifact does not record which admission
+# limits the A100 run gave each policy. In the simulator, the {doc}`fidelity` chapter's ablation finds
+# the supported `slai_faithful`–`vllm_faithful` reversals at HIGH_PRESSURE going
+# {glue:text}`fidelity.ipynb::fid_hol_went:s` once `vllm_faithful` no longer closes its queue behind a
+# prompt above its 2,560-token budget, a rule the real engine does not have.
 #
 # **Intervals.** The original reports percentile intervals only; we add BCa, since the percentile
 # interval of a re-ranked resampled mean is biased toward 0 (visible in {doc}`rq1_cross_source`, where

@@ -72,9 +72,10 @@ import numpy as np
 import pandas as pd
 from myst_nb import glue
 
-from IPython.display import display
+from IPython.display import Markdown, display
 
-from portbench import fidelity, stats, store
+from portbench import fidelity, present, stats, store
+from portbench.book import source_label
 from portbench.campaign import load_results, results_path as campaign_path
 from portbench.engine_v1 import StepCost
 from portbench.realengine.study import realengine_dir, scheduler_time
@@ -86,12 +87,38 @@ calibrated = (pd.read_parquet(campaign_path(calibrated_engine_model))
 glue("fid_base_engine", engine_model, display=False)
 glue("fid_calibrated_engine", calibrated_engine_model, display=False)
 glue("fid_real_tag", real_engine_tag, display=False)
-print(f"base engine model {engine_model}; calibrated campaign ({calibrated_engine_model}):",
-      "present" if calibrated is not None else "not run yet")
+glue("fid_calibrated_state", "present" if calibrated is not None else "not run yet", display=False)
 
 
 def real_file(tag: str, name: str) -> Path:
     return realengine_dir() / f"{tag}_{name}"
+
+
+#: What a reader reads for the keys of fidelity.sim_vs_real's summary.
+SUMMARY_LABELS = {"n_runs": "runs", "median_abs_ttft_error_s": "median |TTFT error| (s)",
+                  "median_abs_latency_error_s": "median |end-to-end latency error| (s)",
+                  "median_relative_latency_error": "median relative latency error",
+                  "mean_abs_anwg_error": "mean |ΔANWG|", "max_abs_anwg_error": "largest |ΔANWG|",
+                  "tau_b_anwg": "τ_b between real and model ANWG",
+                  "n_refused_sim": "requests the model refused",
+                  "n_refused_mismatch": "requests refused on one side only",
+                  "runs": "runs", "mean_abs_error": "mean |ΔANWG|", "share_of_error": "share of summed |ΔANWG|",
+                  "median_step_ratio": "median step ratio", "host": "host guard",
+                  "abs_error": "|ΔANWG|", "mean_abs_delta": "mean |ΔANWG|"}
+
+
+def summary_table(columns: dict) -> "pd.io.formats.style.Styler":
+    """Summaries (name → dict of sim_vs_real's summary keys) side by side, one row per measure,
+    counts as whole numbers and the rest to three decimals."""
+    keys = list(dict.fromkeys(k for col in columns.values() for k in col))
+    rows = []
+    for key in keys:
+        row = {"measure": SUMMARY_LABELS.get(key, key)}
+        for name, col in columns.items():
+            value = col.get(key, float("nan"))
+            row[name] = present.num(value, 0 if key.startswith("n_") or key == "runs" else 3)
+        rows.append(row)
+    return present.table(pd.DataFrame(rows))
 
 
 
@@ -114,22 +141,42 @@ if cost_path.exists() and profile_path.exists():
     profile = profile[profile["clean"]] if "clean" in profile else profile
     glue("fid_fit_error", float(fit["fit_median_rel_error"]), display=False)
     glue("fid_gap_ms", cost.gap_s * 1e3, display=False)
-    print(f"{cost}\nmedian relative error of the fit: {fit['fit_median_rel_error']:.1%} over "
-          f"{fit['profile_rows']} clean profile steps")
+    glue("fid_fit_error_text", present.pct(fit["fit_median_rel_error"], 1), display=False)
+    glue("fid_profile_rows", present.count(fit["profile_rows"], "clean profile step"), display=False)
     pred = fidelity.predicted_step_s(cost, profile["prefill_tokens"], profile["decode_seqs"], profile["kv_context_tokens"])
-    fig, ax = plt.subplots(figsize=(4.5, 4))
-    ax.scatter(profile["step_s"] * 1e3, pred * 1e3, s=8, c=np.log1p(profile["decode_seqs"]), cmap="viridis")
+    fig, ax = plt.subplots(figsize=(5.4, 4))
+    points = ax.scatter(profile["step_s"] * 1e3, pred * 1e3, s=8, c=np.log1p(profile["decode_seqs"]), cmap="viridis")
     lim = [0, float(max(profile["step_s"].max(), pred.max()) * 1e3 * 1.05)]
     ax.plot(lim, lim, "k:", lw=1)
-    ax.set_xlabel("measured step (ms)"); ax.set_ylabel("cost model (ms)")
-    ax.set_title(f"step-time fit ({real_engine_tag}; colour: decoding seqs)", fontsize=9)
+    ax.set_xlabel("measured step time (ms)"); ax.set_ylabel("cost model's step time (ms)")
+    bar = fig.colorbar(points, ax=ax)
+    ticks = [t for t in (0, 1, 4, 16, 64, 128) if t <= profile["decode_seqs"].max()]
+    bar.set_ticks(np.log1p(ticks), labels=[str(t) for t in ticks])
+    bar.set_label("decoding sequences in the step")
     fig.tight_layout()
-    fig.savefig(Path(output_dir) / "fidelity_step_fit.png", dpi=120)
+    present.figure("fidelity_step_fit", fig, output_dir, "fidelity_step_fit.png")
+    terms = pd.DataFrame({"term": ["fixed, per step", "per prefill token", "per decoding sequence",
+                                   "per context token read", "gap between steps"],
+                          "time (µs)": [cost.fixed_s * 1e6, cost.per_prefill_token_s * 1e6,
+                                        cost.per_decode_seq_s * 1e6, cost.per_context_token_s * 1e6,
+                                        cost.gap_s * 1e6]})
+    display(present.table(terms, digits=3))
 else:
-    print(f"no refitted cost {cost_path.name} yet")
+    display(Markdown(f"No refitted cost ({cost_path.name}) yet."))
 
 # %% [markdown]
-# The fit's error by range (median |model − measured| ÷ measured, per prefill-token and
+# :::{glue:figure} fidelity_step_fit
+# :name: fig-fidelity-step-fit
+# :alt: Scatter plot of measured step time against the cost model's step time for every clean profile step, coloured by the number of decoding sequences in the step, with a dotted diagonal of perfect agreement.
+#
+# **The refitted cost model against the measured step profile.** One dot per clean profile step
+# ({glue:text}`fid_profile_rows:s`): its measured time (x) against the cost model's (y), coloured by
+# the number of decoding sequences in the step (colourbar). Dots on the dotted diagonal are predicted
+# exactly, dots above it overestimated and dots below it underestimated; the median relative error is
+# {glue:text}`fid_fit_error_text:s`. The table above gives the fitted terms.
+# :::
+#
+# The fit's error by range (median |model − measured| ÷ measured, in %, per prefill-token and
 # decoding-sequence bin):
 
 # %%
@@ -137,8 +184,12 @@ by_range_path = real_file(real_engine_tag, "fit_by_range.parquet")
 if by_range_path.exists():
     by_range = pd.read_parquet(by_range_path)
     glue("fid_fit_error_worst", float(by_range["median_rel_error"].max()), display=False)
-    display(by_range.pivot_table(index="prefill_bin", columns="decode_bin", values="median_rel_error",
-                                 sort=False).round(3))
+    grid = by_range.pivot_table(index="prefill_bin", columns="decode_bin", values="median_rel_error",
+                                sort=False) * 100
+    grid = grid.loc[sorted(grid.index, key=lambda b: int(str(b).split("-")[0]))]
+    grid.index = grid.index.astype(str).str.replace("-", "–").rename("prefill tokens")
+    grid.columns = [f"{str(c).replace('-', '–')} decoding" for c in grid.columns]
+    display(present.table(grid, digits=1))
 
 # %% [markdown]
 # **The scheduler's own time.** vLLM's scheduler runs on the CPU between forward passes. The step log
@@ -152,13 +203,20 @@ steps_log = steps.copy()
 if len(steps):
     steps = steps[steps["kept"]]
     sched = scheduler_time(steps)
-    display(sched.pivot_table(index="queue_bin", columns="policy", values="median_ms", observed=True).round(3))
+    sched_grid = sched.pivot_table(index="queue_bin", columns="policy", values="median_ms", observed=True)
+    sched_grid.index = sched_grid.index.astype(str).str.replace(">=", "≥ ").str.replace("-", "–")
+    sched_grid.index.name = "waiting requests"
+    sched_grid.columns = [f"{c}, median (ms)" for c in sched_grid.columns]
+    display(present.table(sched_grid, digits=3))
     share = (steps.groupby("policy")["schedule_s"].sum() / steps.groupby("policy")["duration_s"].sum())
     for policy, value in share.items():
         glue(f"fid_sched_share_{policy}", float(value), display=False)
-    print("scheduler time as a share of all step time:", share.round(3).to_dict())
+    glue("fid_sched_share_text", present.join([f"{present.pct(v, 1)} of {p}'s" for p, v in share.items()])
+         + " step time", display=False)
 
 # %% [markdown]
+# Summed over the case, the scheduler's own time is {glue:text}`fid_sched_share_text:s`.
+#
 # ## 2. Calibrated model vs the real engine, on the replayed windows
 #
 # Each real run (window, policy, repetition) is replayed in `vllm_v1` with the refitted cost and the
@@ -190,7 +248,7 @@ if cost is not None and runs_path.exists():
     for name, summary in (("all", summary_all), ("clean", summary_clean)):
         for key, value in summary.items():
             glue(f"fid_{name}_{key}", value, display=False)
-    display(pd.DataFrame({"all runs": summary_all, "host guard accepted": summary_clean}))
+    display(summary_table({"all runs": summary_all, "host guard accepted": summary_clean}))
     n_pinned = int(runs.groupby("window_id")["lambda_pinned"].first().sum())
     glue("fid_n_pinned", n_pinned, display=False)
     glue("fid_n_windows", int(runs["window_id"].nunique()), display=False)
@@ -203,7 +261,7 @@ if cost is not None and runs_path.exists():
     goal = summary_clean.get("mean_abs_anwg_error", np.nan) <= 0.05 and summary_clean.get("tau_b_anwg", np.nan) >= 0.8
     glue("fid_goal", "met" if goal else "not met", display=False)
 else:
-    print("no real-engine case results to compare yet")
+    display(Markdown("No real-engine case results to compare yet."))
 
 # %% [markdown]
 # **Where the error comes from.** The runs by policy and source, the host-flagged ones apart; the
@@ -221,7 +279,7 @@ if len(run_err):
     glue("fid_flagged_share", float(run_err.loc[run_err["host_flagged"], "abs_error"].sum()
                                     / run_err["abs_error"].sum()), display=False)
     by_source = run_err.groupby("source")["abs_error"].sum() / run_err["abs_error"].sum()
-    glue("fid_worst_source", str(by_source.idxmax()), display=False)
+    glue("fid_worst_source", source_label(str(by_source.idxmax())), display=False)
     glue("fid_worst_source_share", float(by_source.max()), display=False)
     ratio_by_host = run_err.groupby("host")["step_ratio"].agg(["min", "median", "max"])
     for host, row in ratio_by_host.iterrows():
@@ -243,8 +301,10 @@ if len(run_err):
     else:
         reading = "no run falls on both sides of the guard to compare"
     glue("fid_flagged_reading", reading, display=False)
-    display(ratio_by_host.round(2))
-    display(decomposition.round(3))
+    ratio_by_host.index.name = "host guard"
+    display(present.table(ratio_by_host.rename(columns={"min": "lowest step ratio", "median": "median step ratio",
+                                                        "max": "highest step ratio"}), digits=2))
+    display(present.table(decomposition.rename(columns=SUMMARY_LABELS), digits=3))
 
 # %% [markdown]
 # **The run-to-run noise floor**: the two repetitions of a (window, policy) on the real engine differ
@@ -261,16 +321,19 @@ if len(run_err) and run_err["repetition"].nunique() > 1:
     glue("fid_noise_vs_goal",
          "a τ_b of 0.8 is more than two runs of the same engine reach on this machine" if noise_tau < 0.8
          else "the engine reaches the 0.8 goal against itself, so the gap to it is the model's", display=False)
-    print(f"mean |rep 0 − rep 1| of real ANWG: {noise.mean():.3f} over {noise.notna().sum()} pairs "
-          f"(max {noise.max():.3f}); τ_b between the two repetitions: {noise_tau:.2f}")
+    glue("fid_noise_text",
+         f"{present.num(noise.mean(), 3)} on average over {present.count(noise.notna().sum(), 'pair')} "
+         f"(largest {present.num(noise.max(), 3)}); τ_b between the two repetitions is "
+         f"{present.num(noise_tau, 2)}", display=False)
     glue("fid_step_ratio_range", f"{run_err['step_ratio'].min():.2f}–{run_err['step_ratio'].max():.2f}",
          display=False)
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for (policy, host), g in run_err.groupby(["policy", "host"]):
         axes[0].scatter(g["anwg_real"], g["anwg_sim"], s=18, marker="o" if host == "accepted" else "x",
-                        label=f"{policy} ({host})")
+                        label=f"{policy} (host guard: {host})")
     axes[0].plot([0, 1], [0, 1], "k:", lw=1)
-    axes[0].set_xlabel("ANWG, real engine"); axes[0].set_ylabel("ANWG, vllm_v1 model"); axes[0].legend(fontsize=7)
+    axes[0].set_xlabel("ANWG, real engine"); axes[0].set_ylabel(f"ANWG, {calibrated_engine_model} model")
+    axes[0].legend(fontsize=7)
     if run_err["step_ratio"].notna().any():
         for policy, g in run_err.groupby("policy"):
             axes[1].scatter(g["step_ratio"], g["anwg_sim"] - g["anwg_real"], s=18, label=policy)
@@ -280,7 +343,22 @@ if len(run_err) and run_err["repetition"].nunique() > 1:
         axes[1].set_xlabel("real step ÷ cost model (median over the run's steps)")
         axes[1].set_ylabel("ANWG, model − real"); axes[1].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(Path(output_dir) / "fidelity_sim_vs_real.png", dpi=120)
+    present.figure("fidelity_sim_vs_real", fig, output_dir, "fidelity_sim_vs_real.png")
+
+# %% [markdown]
+# The two real repetitions differ by {glue:text}`fid_noise_text:s`.
+#
+# :::{glue:figure} fidelity_sim_vs_real
+# :name: fig-fidelity-sim-vs-real
+# :figclass: pb-wide
+# :alt: Left, a scatter of real against simulated ANWG per run, by policy, circles for runs the host guard accepted and crosses for flagged ones; right, the simulated minus real ANWG of each run against its step ratio on a log scale.
+#
+# **The calibrated model against the real engine, run by run.** Left: each real run's ANWG (x)
+# against its simulated counterpart's (y); runs on the dotted diagonal agree, circles are runs the host
+# guard accepted and crosses runs it flagged. Right: the same runs' error (model − real ANWG) against
+# their step ratio (real step time ÷ cost model, median over the run's steps; 1 = the profiled speed,
+# dotted line: the host-slow threshold). Read whether the error grows with the step ratio.
+# :::
 
 # %% [markdown]
 # Runs whose steps ran well above the cost model (step ratio ≥ `slow_step_ratio`) whether or not the
@@ -297,7 +375,7 @@ if len(run_err) and run_err["step_ratio"].notna().any():
                     if len(rest) > 2 else float("nan")}
     for key, value in rest_summary.items():
         glue(f"fid_rest_{key}", value, display=False)
-    display(pd.Series(rest_summary).to_frame("accepted, step ratio below the threshold"))
+    display(summary_table({"accepted, step ratio below the threshold": rest_summary}))
 
 # %% [markdown]
 # **The earlier, unguarded run** (`unguarded_tag`), re-examined with the refitted cost and the same
@@ -312,7 +390,7 @@ if cost is not None and old_runs_path is not None and old_runs_path.exists():
     _, old_err, old_summary = fidelity.sim_vs_real(old_runs, old_requests, old_windows, cost)
     for key, value in old_summary.items():
         glue(f"fid_unguarded_{key}", value, display=False)
-    display(pd.Series(old_summary).to_frame(unguarded_tag))
+    display(summary_table({f"{unguarded_tag} (unguarded)": old_summary}))
 
 # %% [markdown]
 # ## The three parts simulator builders report
@@ -335,9 +413,11 @@ for _, row in step_agreement.iloc[1:].iterrows():
 for _, row in request_agreement.iloc[1:].iterrows():
     glue(f"fid_replay_request_agreement_{row['group']}", float(row["agree"]), display=False)
 agreement = pd.concat({"steps": step_agreement.set_index("group"), "requests": request_agreement.set_index("group")})
-display((agreement.drop(columns="n") * 100).round(2).rename(columns=lambda c: f"{c} (%)")
-        .join(agreement["n"].rename("rows")))
-display(pd.Series(fidelity.DISAGREEMENT_CLASSES, name="what the class means").to_frame())
+agreement.index = agreement.index.set_names(["compared", "policy"])
+agreement = (agreement.drop(columns="n") * 100).rename(columns=lambda c: f"{c} (%)").join(agreement["n"].rename("rows"))
+display(present.table(agreement.rename(index={"all": "all policies"}), digits=2))
+display(present.table(pd.DataFrame({"class": list(fidelity.DISAGREEMENT_CLASSES),
+                                    "what the class means": list(fidelity.DISAGREEMENT_CLASSES.values())})))
 
 # %% [markdown]
 # **Step cost, cross-validated by window.** The cost is fitted on the steps of three quarters of the
@@ -352,8 +432,10 @@ small = [i for i in step_errors.index if i.startswith("small")][0]
 glue("fid_cv_step_error_linear_small", float(step_errors.loc[small, ("linear", "median")]), display=False)
 glue("fid_cv_step_error_shaped_small", float(step_errors.loc[small, ("shaped", "median")]), display=False)
 glue("fid_cv_step_error_shaped_decode", float(step_errors.loc["decode only", ("shaped", "median")]), display=False)
-display((step_errors.drop(columns=[("shaped", "n")]) * [1, 100, 100, 100, 100]).round(1)
-        .rename(columns={"median": "median (%)", "p90": "p90 (%)", "n": "steps"}))
+step_table = step_errors.drop(columns=[("shaped", "n")]) * [1, 100, 100, 100, 100]
+step_table.columns = ["steps" if m == "n" else f"{kind} {m} (%)" for kind, m in step_table.columns]
+step_table.index.name = "batch range"
+display(present.table(step_table, digits={"steps": 0, None: 1}))
 
 # %% [markdown]
 # **Per-request latency** with the cross-validated per-shape cost (each run simulated with the cost
@@ -373,39 +455,62 @@ glue("fid_e2e_median_rel_error_accepted", float(accepted["end-to-end median"]), 
 by_group = pd.concat([fidelity.latency_error_table(latency).rename(index={"all": "every run"}),
                       fidelity.latency_error_table(latency[~latency["host_flagged"]]).rename(index={"all": "probe guard accepted"}),
                       fidelity.latency_error_table(latency, "source"), fidelity.latency_error_table(latency, "policy")])
-display((by_group * 100).round(1).rename(columns=lambda c: f"{c} (%)"))
+by_group.index = [present.label(g) for g in by_group.index]
+by_group.index.name = "runs"
+display(present.table((by_group * 100).rename(columns=lambda c: f"{c} (%)"), digits=1))
 published = pd.DataFrame(fidelity.PUBLISHED_FIDELITY)
-published["value"] = (published["bound"].str.replace("under", "< ") + (published["value"] * 100).round(1).astype(str) + "%")
-display(published.drop(columns="bound").set_index("simulator"))
+published["value"] = [("under " if b == "under" else "") + present.pct(v, 1)
+                      for b, v in zip(published["bound"], published["value"])]
+display(present.table(published[["simulator", "figure", "value", "source"]]))
 
-# %% mystnb={"figure": {"caption": "Per-request end-to-end latency error of the calibrated model against the real engine, by source (cumulative share of requests). Read where each curve crosses 0.5: that source's median error; the dotted line marks 10%.", "name": "fig-fid-e2e-error"}, "image": {"alt": "Three rising curves, one per source, of the share of requests whose relative end-to-end latency error is at most x; BurstGPT's curve lies to the right of Azure's and Bailian's."}}
+# %%
 fig, ax = plt.subplots(figsize=(6, 3.6))
 e2e = latency[latency["measure"] == "end-to-end"]
 for src, g in e2e.groupby("source"):
     x = np.sort(g["rel_error"].to_numpy()) * 100
-    ax.plot(x, np.arange(1, len(x) + 1) / len(x), label=f"{src} ({len(x):,} requests)")
+    ax.plot(x, np.arange(1, len(x) + 1) / len(x), label=f"{source_label(src)} ({len(x):,} requests)")
 ax.axvline(10, color="grey", ls=":", lw=1)
 ax.set_xscale("log")
 ax.set_xlabel("relative error of end-to-end latency, model against real (%)")
 ax.set_ylabel("share of requests")
 ax.legend(fontsize=8, loc="lower right")
 fig.tight_layout()
-fig.savefig(Path(output_dir) / "fidelity_e2e_error.png", dpi=120)
+present.figure("fidelity_e2e_error", fig, output_dir, "fidelity_e2e_error.png")
+
+# %% [markdown]
+# :::{glue:figure} fidelity_e2e_error
+# :name: fig-fid-e2e-error
+# :alt: Three rising curves, one per source, of the share of requests whose relative end-to-end latency error is at most x, on a log scale, with a dotted line at 10%.
+#
+# **Per-request end-to-end latency error of the calibrated model against the real engine, by
+# source.** Each curve is the cumulative share of a source's requests whose relative error is at most
+# x (log scale). Read where a curve crosses 0.5: that source's median error; the dotted line marks the
+# 10% goal, and a curve that crosses it low has few requests within it.
+# :::
 
 # %% [markdown]
 # **Like for like.** Within each (source, policy), over the same windows: the two real repetitions
 # against each other, and the model against each repetition (mean |ΔANWG| and $\tau_b$, 95% bootstrap
 # intervals by window). Then the conclusions under each rule for keeping runs: every run, the probe
 # guard's, and each run judged by its own decode steps (its median decode step ÷ the per-shape cost,
-# against the case's median; more than 15% off is flagged).
+# against the case's median; more than 15% off is flagged), with the real engine's `slai_faithful` −
+# `vllm_faithful` ANWG per source (Δ) under each rule.
 
 # %%
 anwg = fidelity.anwg_from_counterpart(counterpart)
 like = fidelity.like_for_like(anwg, n_resamples=n_resamples, seed=seed)
-display(like.set_index(["source", "policy", "comparison"]).round(3))
+like_shown = like[["source", "policy", "comparison", "windows"]].copy()
+like_shown["mean |ΔANWG| (95% CI)"] = [f"{present.num(m, 3)} ({present.num(lo, 3)}–{present.num(hi, 3)})"
+                                       for m, lo, hi in zip(like["mean_abs_delta"], like["mean_abs_lo"], like["mean_abs_hi"])]
+like_shown["τ_b (95% CI)"] = [f"{present.num(t, 2)} ({present.num(lo, 2)} to {present.num(hi, 2)})"
+                              for t, lo, hi in zip(like["tau_b"], like["tau_lo"], like["tau_hi"])]
+display(present.table(like_shown))
 speed = fidelity.own_step_speed(steps_log)
 glue("fid_n_step_flagged", int(speed["step_flagged"].sum()), display=False)
-display(fidelity.conclusions_by_rule(anwg, latency, speed).round(3))
+by_rule = fidelity.conclusions_by_rule(anwg, latency, speed)
+by_rule.columns = [f"real Δ, {source_label(c.removeprefix('slai − vllm, '))}" if c.startswith("slai − vllm, ")
+                   else c for c in by_rule.columns]
+display(present.table(by_rule.rename(columns={"e2e median error": "median end-to-end error"}), digits=3))
 
 # %% [markdown]
 # **The second check: RQ7's real runs** (`fifo`, `sjf_aging`, `vllm_priority` on vLLM's defaults),
@@ -422,7 +527,9 @@ if rq7_path.exists():
     glue("fid_rq7_tau_b", float(rq7_summary["tau_b_anwg"]), display=False)
     glue("fid_rq7_n_runs", int(rq7_summary["n_runs"]), display=False)
     rq7_err["abs_error"] = (rq7_err["anwg_sim"] - rq7_err["anwg_real"]).abs()
-    display(rq7_err.pivot_table(index="policy", columns="source", values="abs_error").round(3))
+    rq7_grid = rq7_err.pivot_table(index="policy", columns="source", values="abs_error")
+    rq7_grid.columns = [f"{source_label(c)}, mean |ΔANWG|" for c in rq7_grid.columns]
+    display(present.table(rq7_grid, digits=3))
 else:                                   # no RQ7 case: the finding's sentence reads "nan" and 0 runs
     glue("fid_rq7_mean_abs_anwg_error", float("nan"), display=False)
     glue("fid_rq7_tau_b", float("nan"), display=False)
@@ -447,10 +554,23 @@ for variant, g in hol.groupby("variant"):
     key = variant.split("[")[1].rstrip("]")
     glue(f"fid_hol_supported_{key}", int((g["cls"] == "SUPPORTED_PRACTICAL_REVERSAL").sum()), display=False)
     glue(f"fid_hol_vllm_azure_{key}", float(means.loc[variant, "azure_llm_2024"]), display=False)
-means.round(3)
+supported = {v.split("[")[1].rstrip("]"): int((g["cls"] == "SUPPORTED_PRACTICAL_REVERSAL").sum())
+             for v, g in hol.groupby("variant")}
+glue("fid_hol_went", present.went_from(supported.get("block", 0),
+                                       {"over-long prompts refused": supported.get("reject", 0),
+                                        "admitted alone": supported.get("chunk", 0)}), display=False)
+#: The three rules of vllm_faithful for a prompt above its budget, as the reader reads them.
+VARIANTS = {"vllm_faithful[block]": "vllm_faithful, blocks the queue (study's rule)",
+            "vllm_faithful[reject]": "vllm_faithful, refuses over-long prompts",
+            "vllm_faithful[chunk]": "vllm_faithful, admits them alone"}
+means_shown = means.rename(index=VARIANTS, columns=lambda c: f"{source_label(c)}, mean ANWG")
+means_shown.index.name = "policy"
+present.table(means_shown, digits=3)
 
 # %%
-hol[["variant", "source_x", "source_y", "delta_x", "delta_y", "cls"]].round(3)
+present.table(hol[["variant", "source_x", "source_y", "delta_x", "delta_y", "cls"]]
+              .replace({"variant": VARIANTS}).rename(columns={"variant": "policy against slai_faithful"}),
+              digits=3)
 
 # %% [markdown]
 # ## 4. The study re-run under the calibrated model: headline numbers side by side
@@ -464,7 +584,32 @@ for engine, col in headline.items():
     for key, value in col.items():
         if pd.notna(value):
             glue(f"fid_{engine}_{key}", float(value), display=False)
-headline.round(3)
+
+
+def headline_label(key: str) -> str:
+    """A readable name for a key of fidelity.headline_numbers."""
+    if key.startswith("reversals_") and key.removeprefix("reversals_").upper() in present.LABELS:
+        return "RQ2 tests: " + present.label(key.removeprefix("reversals_").upper())
+    return {"tau_min": "RQ1 cross-source τ_b, lowest", "tau_max": "RQ1 cross-source τ_b, highest",
+            "tau_azure_bailian_min": "RQ1 τ_b, Azure–Bailian, lowest",
+            "tau_azure_bailian_max": "RQ1 τ_b, Azure–Bailian, highest",
+            "tau_with_burstgpt_min": "RQ1 τ_b, pairs with BurstGPT, lowest",
+            "tau_with_burstgpt_max": "RQ1 τ_b, pairs with BurstGPT, highest",
+            "reversals_supported_slai_vllm": "RQ2 supported reversals of slai_faithful–vllm_faithful",
+            "cross_metric_median_tau": "RQ3 cross-metric median τ_b",
+            "cross_metric_top1_agreement": "RQ3 cross-metric top-1 agreement",
+            "slo_median_tau": "RQ4 SLO variants, median τ_b", "slo_top1_changes": "RQ4 SLO variants, top-1 changes",
+            "slo_conditions": "RQ4 SLO variants, conditions",
+            "sample_top1_unreliable_at_10": "RQ5 conditions with P(top-1) < 0.9 at 10 windows",
+            "sample_conditions": "RQ5 conditions"}.get(key, key)
+
+
+counts = [k for k in headline.index if k.startswith(("reversals_", "slo_top1", "slo_conditions", "sample_"))]
+shown = pd.DataFrame({"headline number": [headline_label(k) for k in headline.index]})
+for engine in headline.columns:
+    shown[f"engine model {engine}"] = [present.num(v, 0 if k in counts else 3)
+                                       for k, v in headline[engine].items()]
+present.table(shown, labels=False)
 
 # %%
 def headline_count(key: str, engine: str) -> str:
@@ -525,6 +670,13 @@ glue("fid_calibrated_slai_vllm", headline_count("reversals_supported_slai_vllm",
 # {glue:text}`fid_base_engine`: the head-of-line rule lives in the `vllm_faithful` *policy*, which
 # closes its queue behind an over-long prompt whatever the engine underneath. A real vLLM has no such
 # rule, and the ablation shows that without it the supported `slai_faithful`–`vllm_faithful`
-# reversals go from {glue:text}`fid_hol_supported_block:d` to {glue:text}`fid_hol_supported_reject:d`
-# (over-long prompts refused) and {glue:text}`fid_hol_supported_chunk:d` (admitted alone).
+# reversals go {glue:text}`fid_hol_went:s`.
+#
+# **The real-engine case**, as {doc}`rq6_real_engine` reports it.
+# {glue:text}`rq6_real_engine.ipynb::rq6_conclusion:s` The simulator's supported reversal and the real
+# engine's therefore do not rest on the same rule: the simulator's needs the head-of-line rule, which
+# the real engine does not have, while on the real engine `vllm_faithful` refuses every request whose
+# prompt and output exceed its `max_model_len` — a wider refusal than the ablation's (a prompt above
+# the budget), under which the simulator finds {glue:text}`fid_hol_supported_reject:d` supported
+# reversals.
 # :::
