@@ -41,9 +41,14 @@ $(VLLM_STAMP): pyproject.toml
 	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 	@touch $(VLLM_STAMP)
 
-# Everything in .venv; then the vLLM replay tests in .venv-vllm (they skip in .venv).
-test: $(STAMP) $(VLLM_STAMP) browser
-	$(BIN)/python -m pytest -q
+# Everything in .venv, on every core (pytest-xdist), a test module's tests in one worker so that its
+# module-scoped fixtures (a built book, a set of replays) are built once (xdist 3.8's loadgroup does not
+# group under pytest 9); then the vLLM replay tests in .venv-vllm (they skip in .venv).
+# The two environments and Chromium are installed side by side (the two pip runs overlap their downloads,
+# unpacking and byte-compiling on the two cores), then the tests run.
+test:
+	@$(MAKE) --no-print-directory -j3 $(STAMP) $(VLLM_STAMP) browser
+	$(BIN)/python -m pytest -q -n auto --dist loadscope
 	$(VLLM_VENV)/bin/python -m pytest -q tests/test_realengine_vllm.py tests/test_realengine_vllm_rq7.py
 
 # Headless Chromium reads the built book in tests/test_book_browser.py (driven over the DevTools
