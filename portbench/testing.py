@@ -19,6 +19,7 @@ or leftover state)::
 from __future__ import annotations
 
 import copy
+import functools
 
 import numpy as np
 
@@ -200,12 +201,14 @@ def random_cases(engine_model: str):
     return cases[engine_model]
 
 
-def real_cases(engine_model: str, n_windows: int = 2):
+@functools.lru_cache(maxsize=None)
+def real_cases(engine_model: str, n_windows: int = 2) -> tuple:
     """(window, engine model) pairs from the shipped windows at the HIGH_PRESSURE load (the first
     window of the first ``n_windows`` sources, at the study's base SLO), where queues run long: at
     the λ_ref of ``data/results/lambda_ref_<engine>.csv`` when present, else calibrated here.
     ``vllm_v1_caps``: the ``vllm_v1`` cases with vLLM's long-prefill caps on (threshold 256, at most
-    two prefills a step, one of them long)."""
+    two prefills a step, one of them long). Loaded once per process (every policy checked reuses
+    them; the engines never change a window)."""
     import pandas as pd
 
     from . import store
@@ -229,7 +232,7 @@ def real_cases(engine_model: str, n_windows: int = 2):
         w = with_slo(store.load_window(wid), 20.0)
         lam_ref = lam[wid] if wid in lam else find_lambda_ref(w, model=model).lambda_ref
         cases.append((scale(w, lam_ref * region_factor("HIGH_PRESSURE")), model))
-    return cases
+    return tuple(cases)
 
 
 def check_policy(policy_class, params: dict | None = None, *, engine_models=("lssp", "vllm_v1"),
