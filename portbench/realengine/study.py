@@ -132,6 +132,10 @@ def find_real_lambda_ref(window: Window, replay, *, lo: float, hi: float, steps:
 
 #: Columns that identify a run of the case (a resumed case skips those already in its table).
 RUN_KEY = ("window_id", "policy", "repetition")
+#: Per-request arrays a backend's info may carry into ``<tag>_requests`` (vLLM: the loop's clock at
+#: ``add_request`` and the index of the first step that could schedule the request; NaN / -1 when
+#: refused). Absent from the files written before 2026-12.
+REQUEST_EXTRAS = ("submit_s", "submit_step")
 #: What the host guard stores with every run.
 GUARD_COLUMNS = ("probe_before_s", "probe_after_s", "probe_ref_s", "drift", "attempt", "host_flagged")
 
@@ -185,7 +189,8 @@ def run_case(backend_name, *, n_per_source: int = 10, sources=CASE_SOURCES,
              max_retries: int = 2, reference_probes: int = 3, retry_wait_s: float = 0.0,
              resume: bool = True, time_budget_s: float | None = None, tag: str | None = None,
              data_dir: Path | None = None, progress: bool = True, windows=None,
-             lambda_refs: dict | None = None, **engine_kwargs) -> pd.DataFrame:
+             lambda_refs: dict | None = None, lambda_policy: str = "fifo",
+             **engine_kwargs) -> pd.DataFrame:
     """Calibrate and replay the case on a real engine, guarded against a slow host; returns the
     per-run table (one row per window × policy × repetition).
 
@@ -194,7 +199,8 @@ def run_case(backend_name, *, n_per_source: int = 10, sources=CASE_SOURCES,
     simulator's λ_ref (a real engine that serves a request ``r`` times slower than the simulator's
     1 ms per token has its knee about ``r`` times lower), within a factor ``bracket_factor`` either
     way, widened up to ``max_widenings`` times when the knee is outside, then bisected
-    ``bisection_steps`` times (:func:`find_real_lambda_ref`).
+    ``bisection_steps`` times (:func:`find_real_lambda_ref`), replaying ``lambda_policy`` (FIFO; the
+    study's own real-system search replayed ``vllm_faithful``).
 
     **Host guard** (``guard=True``): at the start, a reference probe per policy (the median wall time
     of ``reference_probes`` runs of the backend's ``probe``: a fixed 8-request batch on that
@@ -209,9 +215,12 @@ def run_case(backend_name, *, n_per_source: int = 10, sources=CASE_SOURCES,
 
     ``repetitions`` runs of each (window, policy) (column ``repetition``), interleaved in time, show
     the run-to-run noise floor. Written under ``data/results/realengine/``: ``<tag>_runs``,
-    ``<tag>_requests`` (per request, with ``refused``), ``<tag>_steps`` (every attempt's engine steps:
-    start, duration, running, waiting, and what the backend records — prefill tokens, decode
-    sequences, context tokens, scheduler time), ``<tag>_calibration`` (λ search probes),
+    ``<tag>_requests`` (per request, with ``refused``, and where the backend records them
+    ``submit_s``, the replay loop's clock when the request was added to the engine, and
+    ``submit_step``, the first step that could schedule it), ``<tag>_steps`` (every attempt's engine
+    steps: start, duration, running, waiting, and what the backend records — prefill tokens, decode
+    sequences, context tokens, scheduler time, and on vLLM the requests of the step with their
+    tokens, ``scheduled``), ``<tag>_calibration`` (λ search probes),
     ``<tag>_attempts`` (Parquet) and ``<tag>.json`` (provenance, the case's parameters, probe
     references, each window's λ_ref).
 
@@ -246,6 +255,9 @@ def run_case(backend_name, *, n_per_source: int = 10, sources=CASE_SOURCES,
 
     old = _load_case(out, tag, name, policies, region) if resume else {}
     meta_old = old.get("meta", {})
+    if meta_old and meta_old["case"].get("lambda_policy", "fifo") != lambda_policy:
+        raise ValueError(f"{tag}: its λ_ref searches replayed {meta_old['case'].get('lambda_policy', 'fifo')!r}, "
+                         f"not {lambda_policy!r}: use another tag, or resume=False to overwrite it")
     runs = old["runs"].to_dict("records") if len(old.get("runs", ())) else []
     attempts = old["attempts"].to_dict("records") if len(old.get("attempts", ())) else []
     calibration = old["calibration"].to_dict("records") if len(old.get("calibration", ())) else []
@@ -269,6 +281,7 @@ def run_case(backend_name, *, n_per_source: int = 10, sources=CASE_SOURCES,
                  "n_per_source": n_per_source, "speed_ratio": speed_ratio,
                  "bracket_factor": bracket_factor, "max_widenings": max_widenings,
                  "bisection_steps": bisection_steps, "repetitions": repetitions, "guard": bool(guard),
+                 "lambda_policy": lambda_policy,
                  "drift_tolerance": drift_tolerance, "max_retries": max_retries,
                  "reference_probes": reference_probes, "retry_wait_s": retry_wait_s},
         "probe": {"requests": PROBE_REQUESTS, "prompt_tokens": PROBE_PROMPT_TOKENS,
@@ -335,7 +348,7 @@ def run_case(backend_name, *, n_per_source: int = 10, sources=CASE_SOURCES,
             lam, p, pinned = find_real_lambda_ref(
                 w, mod.replay, lo=guess / bracket_factor, hi=guess * bracket_factor,
                 steps=bisection_steps, bracket_factor=bracket_factor, max_widenings=max_widenings,
-                **engine_kwargs)
+                policy=lambda_policy, **engine_kwargs)
             calibration += p
             cal = lambdas[w.window_id] = {"lambda": lam, "pinned": bool(pinned),
                                           "pinned_side": p[-1]["pinned_side"] if p else "",
@@ -393,13 +406,16 @@ def run_case(backend_name, *, n_per_source: int = 10, sources=CASE_SOURCES,
                 steps.append(frame)
             if is_final:
                 runs.append(row)
+                extra = {key: np.asarray(info[key]) for key in REQUEST_EXTRAS
+                         if info.get(key) is not None and len(info[key]) == len(w)}
                 requests.append(pd.DataFrame({
                     "window_id": w.window_id, "policy": policy, "repetition": rep, "attempt": attempt,
                     "request_index": np.arange(len(w)),
                     "arrival_s": result.arrival_s, "deadline_s": result.deadline_s,
                     "input_tokens": result.input_tokens, "output_tokens": result.output_tokens,
                     "admit_s": result.admit_s, "first_token_s": result.first_token_s,
-                    "finish_s": result.finish_s, "refused": np.isin(np.arange(len(w)), list(rejected))}))
+                    "finish_s": result.finish_s, "refused": np.isin(np.arange(len(w)), list(rejected)),
+                    **extra}))
                 meta["environment"] = info.get("environment", meta["environment"])
                 meta["engine_info"] = {k: v for k, v in info.items()
                                        if isinstance(v, (str, int, float, bool))}

@@ -7,7 +7,10 @@ one schedule + forward + update, its wall time is the engine step time, and the 
 
 1. submit every request whose (scaled) arrival time has come, with a prompt of exactly
    ``input_tokens[i]`` random ids and ``SamplingParams(max_tokens=output_tokens[i], ignore_eos=True,
-   detokenize=False)``;
+   detokenize=False)`` (at most ``max_in_flight`` unfinished at a time when that is set),
+   recording the loop's clock at each ``add_request`` (``info["submit_s"]``) and how many steps had
+   run (``info["submit_step"]``: the index of the first step that could schedule it), so an arrival
+   that raced a step shows;
 2. ``step()`` if anything is unfinished, else sleep until the next arrival;
 3. stamp, at the end of the step, the first token and the finish of each request that produced them,
    and the admission (start of the step in which vLLM first scheduled it).
@@ -15,7 +18,7 @@ one schedule + forward + update, its wall time is the engine step time, and the 
 Every scheduler is instrumented (:func:`instrument_scheduler`: bookkeeping only): each step of the
 log ``info["steps"]`` has the time spent inside ``Scheduler.schedule`` (``schedule_s``; SLAI's
 subclass included), the queues it found and the batch it built (prefill tokens, decoding sequences,
-context tokens). Output lengths are checked exactly. vLLM's CPU backend binds threads and memory of the process that
+context tokens, and which requests with how many tokens: ``scheduled``, :func:`format_scheduled`). Output lengths are checked exactly. vLLM's CPU backend binds threads and memory of the process that
 builds the engine, and builds may spawn helpers: call :func:`replay` from a script guarded by
 ``if __name__ == "__main__":``, or use :func:`replay_isolated`, which runs a list of replays in a
 fresh spawned process and returns their results.
@@ -70,6 +73,7 @@ import json
 import math
 import os
 import platform
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -164,6 +168,50 @@ POLICIES: dict[str, PolicySpec] = {
 }
 
 
+#: The same admission limit for both policies of the RQ6 case (``rq6_vllm_cpu.py --config equal``):
+#: ``max_model_len`` 2,560 for every policy. ``vllm_faithful`` is defined by a 2,560-token budget with
+#: whole-prompt admission (chunked prefill off), and vLLM v1 then allows at most ``max_model_len =
+#: 2560`` (:data:`REFUSAL_RULE`); raising its budget or turning chunking on would change the policy
+#: under test, so ``slai_faithful`` (512-token budget, chunked) is the one brought down to 2,560.
+#: Both policies then refuse the same requests (prompt + output > 2,560), and a difference between
+#: them is scheduling on the same accepted requests.
+EQUAL_ADMISSION = {"max_model_len": 2560}
+
+#: The study's real-system configuration, as far as it carries to a tiny model on a CPU
+#: (``rq6_vllm_cpu.py --config study``). From the study's repository
+#: (SoroushVahidi/llm-serving-scheduler-robustness-benchmark):
+#:
+#: - ``configs/real_vllm/rq6_validation_manifest_v1_20260903.json`` (``scheduler_mapping``): both
+#:   policies run with ``--no-enable-chunked-prefill --no-enable-prefix-caching``, "engine flags held
+#:   identical ... so the comparison isolates the policy"; ``vllm_faithful`` = FCFS with no scheduler
+#:   class, ``slai_faithful`` = ``--scheduling-policy priority`` + the SLAI ``--scheduler-cls``;
+#:   ``vllm==0.27.1``, ``Qwen/Qwen2.5-0.5B-Instruct``, one NVIDIA A100-SXM4-80GB per run.
+#: - ``scripts/real_vllm/run_rq6_validation.sbatch`` and ``run_rq6_validation.py``:
+#:   ``--max-model-len 32768`` and ``--gpu-memory-utilization 0.65`` for both policies;
+#:   ``--max-num-batched-tokens`` and ``--max-num-seqs`` are not passed (vLLM's defaults).
+#: - vLLM's defaults for those (read in vLLM 0.32.0's ``engine/arg_utils.py``,
+#:   ``get_batch_defaults`` and ``_set_default_max_num_seqs_and_batched_tokens_args``; 0.27.1 not
+#:   checked): ``vllm serve`` on an A100 gets 2,048 tokens and 256 sequences, and without chunked
+#:   prefill the budget is raised to ``max(max_model_len, 2048)`` = 32,768. So both policies ran with
+#:   a 32,768-token budget, 256 sequences and the same 32,768 admission limit (no trace request of
+#:   the case exceeds it: nothing refused). KV: 0.65 of 80 GB less a 0.5B model's weights holds
+#:   millions of tokens, never a limit here; ``kv_cache_gib`` 1.5 holds ~786k tokens of the tiny
+#:   model (:data:`STUDY_KV_CACHE_GIB`).
+#: - ``src/robustbench/real_llm/slai_plugin/slai_vllm_scheduler.py``: the SLAI plugin's budget is
+#:   the engine's ``max_num_scheduled_tokens`` (32,768 there, not the simulator's 512), decode limit
+#:   128; its clock is the step index × 1 ms (here: the real clock, see
+#:   :mod:`~portbench.realengine.vllm_slai_scheduler`; not carried over).
+#: - ``src/robustbench/real_llm/rq6_calibration.py`` (``replay_window_once``): requests go out from a
+#:   pool of 32 client threads, each blocking on a non-streaming HTTP call, so at most 32 are in
+#:   flight and a due request waits for a free worker (its deadline still counts from its trace
+#:   arrival): ``max_in_flight`` 32 here. A request the server refuses counts as not completed. The
+#:   λ_ref search replays ``vllm_faithful`` (``REFERENCE_POLICY``), not FIFO.
+STUDY_ENGINE = {"max_model_len": 32768, "max_num_batched_tokens": 32768, "max_num_seqs": 256,
+                "enable_chunked_prefill": False, "max_in_flight": 32}
+STUDY_KV_CACHE_GIB = 1.5
+STUDY_LAMBDA_POLICY = "vllm_faithful"
+
+
 def policy_spec(policy: str) -> PolicySpec:
     refuse_oracles(policy)
     try:
@@ -226,13 +274,30 @@ class EngineConfig:
 
 def engine_config(policy: str, *, shape: ModelShape = ModelShape(), max_num_batched_tokens=None,
                   max_num_seqs=None, kv_cache_gib: float = 1.0, seed: int = 0,
-                  enforce_eager: bool = True) -> EngineConfig:
+                  enforce_eager: bool = True, max_model_len: int | None = None,
+                  enable_chunked_prefill: bool | None = None) -> EngineConfig:
+    """The engine ``policy`` runs on. ``max_num_batched_tokens``, ``max_num_seqs`` and
+    ``enable_chunked_prefill`` default to the policy's (:data:`POLICIES`); ``max_model_len`` defaults
+    to the model's context (32,768) with chunked prefill and to the token budget without it (vLLM v1
+    requires ``max_model_len <= max_num_batched_tokens`` then). An explicit ``max_model_len`` (the
+    same admission limit for every policy of a case) must respect that rule: a ``ValueError`` says
+    so here rather than from inside vLLM."""
     spec = policy_spec(policy)
     budget = int(max_num_batched_tokens or spec.max_num_batched_tokens)
-    max_len = shape.max_position_embeddings if spec.enable_chunked_prefill else min(
-        budget, shape.max_position_embeddings)
+    chunked = spec.enable_chunked_prefill if enable_chunked_prefill is None else bool(enable_chunked_prefill)
+    if max_model_len is None:
+        max_len = shape.max_position_embeddings if chunked else min(budget, shape.max_position_embeddings)
+    else:
+        max_len = int(max_model_len)
+        if max_len > shape.max_position_embeddings:
+            raise ValueError(f"max_model_len {max_len} > the model's context "
+                             f"({shape.max_position_embeddings})")
+        if not chunked and max_len > budget:
+            raise ValueError(f"{policy}: max_model_len {max_len} > max_num_batched_tokens {budget} "
+                             "without chunked prefill (vLLM v1 refuses this configuration): raise the "
+                             "budget or enable chunked prefill")
     return EngineConfig(shape, spec.scheduling_policy, budget,
-                        int(max_num_seqs or spec.max_num_seqs), spec.enable_chunked_prefill,
+                        int(max_num_seqs or spec.max_num_seqs), chunked,
                         max_len, spec.scheduler_cls, float(kv_cache_gib), int(seed),
                         bool(enforce_eager))
 
@@ -326,7 +391,10 @@ def instrument_scheduler(sched) -> None:
                 prefill += n_new
         sched._pb_last = {"schedule_s": dt, "waiting_before": n_wait, "running_before": n_run,
                           "prefill_tokens": prefill, "decode_seqs": decodes, "context_tokens": context,
-                          "scheduled_seqs": len(out.num_scheduled_tokens)}
+                          "scheduled_seqs": len(out.num_scheduled_tokens),
+                          "scheduled": format_scheduled(out.num_scheduled_tokens),
+                          "preempted": format_scheduled(
+                              dict.fromkeys(sorted(getattr(out, "preempted_req_ids", None) or ()), 0))}
         return out
 
     sched.schedule = schedule
@@ -335,8 +403,45 @@ def instrument_scheduler(sched) -> None:
 
 
 #: The per-step columns the instrumented scheduler adds to a replay's step log (NaN: no schedule call).
+#: ``scheduled`` and ``preempted`` are strings (:func:`format_scheduled`); they are absent from the
+#: step logs written before 2026-12 (read them with :func:`parse_scheduled`, which takes None too).
 SCHED_COLUMNS = ("schedule_s", "waiting_before", "running_before", "prefill_tokens", "decode_seqs",
-                 "context_tokens", "scheduled_seqs")
+                 "context_tokens", "scheduled_seqs", "scheduled", "preempted")
+
+
+_TEXT_COLUMNS = ("scheduled", "preempted")
+
+
+_REPLAY_ID = re.compile(r"r\d+-(\d+)(?:-[0-9a-f]+)?")
+
+
+def _request_key(rid: str) -> str:
+    """A replay's request id as the request's index in the window: ``r<k>-<i>``, which vLLM 0.32
+    keeps internally as ``r<k>-<i>-<random hex>``, gives ``i``; any other id (warm-up, probe,
+    profile requests) is kept as it is."""
+    m = _REPLAY_ID.fullmatch(rid)
+    return m.group(1) if m else rid
+
+
+def format_scheduled(tokens: dict) -> str:
+    """A step's batch as one Parquet-friendly string: ``"i:n;i:n;…"``, request index (the window's
+    ``request_index``; see :func:`_request_key`) and tokens scheduled for it in this step, in the
+    order vLLM scheduled them (running requests first, then admissions). Empty batch: ``""``.
+    Preempted requests use the same form with ``n = 0``."""
+    return ";".join(f"{_request_key(str(rid))}:{int(n)}" for rid, n in tokens.items())
+
+
+def parse_scheduled(text) -> dict[str, int]:
+    """The inverse of :func:`format_scheduled`: ``{request key: tokens}`` in batch order (keys are
+    strings; a replay's are window indices, ``int(key)``). None or NaN (an older step log, or a
+    step without a schedule call) gives ``{}``."""
+    if text is None or (isinstance(text, float) and math.isnan(text)) or text == "":
+        return {}
+    out = {}
+    for item in str(text).split(";"):
+        key, _, n = item.rpartition(":")
+        out[key] = int(n)
+    return out
 
 
 def _kv_capacity_tokens(engine) -> int | None:
@@ -366,10 +471,17 @@ def _device() -> str:
 def replay(window: Window, policy: str, *, shape: ModelShape = ModelShape(),
            max_num_batched_tokens: int | None = None, max_num_seqs: int | None = None,
            kv_cache_gib: float = 1.0, seed: int = 0, enforce_eager: bool = True,
-           slai_params: dict | None = None, max_wall_s: float | None = None):
+           slai_params: dict | None = None, max_wall_s: float | None = None,
+           max_model_len: int | None = None, enable_chunked_prefill: bool | None = None,
+           max_in_flight: int | None = None):
     """Replay ``window`` on vLLM under ``policy`` in real time; returns ``(RunResult, info)``.
 
-    ``max_num_batched_tokens`` / ``max_num_seqs`` default to the policy's (:data:`POLICIES`);
+    ``max_num_batched_tokens`` / ``max_num_seqs`` / ``enable_chunked_prefill`` default to the
+    policy's (:data:`POLICIES`), ``max_model_len`` as in :func:`engine_config` (set it to give every
+    policy of a case the same admission limit; :data:`REFUSAL_RULE` applies to it);
+    ``max_in_flight`` holds a due request back while that many submitted requests are unfinished
+    (a load generator with a fixed number of client workers, as the study's real-system runs had:
+    :data:`STUDY_ENGINE`); its deadline still counts from its trace arrival.
     ``kv_cache_gib`` sizes the KV cache (vLLM's ``kv_cache_memory_bytes``); ``seed`` draws the prompt
     ids and the weights; ``max_wall_s`` aborts what is unfinished after that many seconds (those
     requests count as not completed). ``slai_params`` go to
@@ -378,7 +490,10 @@ def replay(window: Window, policy: str, *, shape: ModelShape = ModelShape(),
     spec = policy_spec(policy)
     cfg = engine_config(policy, shape=shape, max_num_batched_tokens=max_num_batched_tokens,
                         max_num_seqs=max_num_seqs, kv_cache_gib=kv_cache_gib, seed=seed,
-                        enforce_eager=enforce_eager)
+                        enforce_eager=enforce_eager, max_model_len=max_model_len,
+                        enable_chunked_prefill=enable_chunked_prefill)
+    if max_in_flight is not None and int(max_in_flight) < 1:
+        raise ValueError(f"max_in_flight must be >= 1 (got {max_in_flight})")
     engine, built = get_engine(cfg)
     import vllm
     from vllm import SamplingParams
@@ -415,7 +530,10 @@ def replay(window: Window, policy: str, *, shape: ModelShape = ModelShape(),
     first = np.full(n, np.nan)
     finish = np.full(n, np.nan)
     produced = np.zeros(n, dtype=np.int64)
+    submit = np.full(n, np.nan)                  # the loop's clock when add_request was called
+    submit_step = np.full(n, -1, dtype=np.int64)  # steps finished before it (the next step's index)
     preempt_seen: dict[int, int] = {}
+    n_finished = 0
     n_steps = 0
     steps = {"start_s": [], "duration_s": [], "running": [], "waiting": [],
              **{k: [] for k in SCHED_COLUMNS}}
@@ -427,8 +545,11 @@ def replay(window: Window, policy: str, *, shape: ModelShape = ModelShape(),
     t0 = clock()
     while True:
         now = clock() - t0
-        while i < n and arrival[i] <= now:
+        while i < n and arrival[i] <= now and (
+                max_in_flight is None or submitted - n_finished < max_in_flight or i in rejected_set):
             if i not in rejected_set:
+                submit[i] = clock() - t0
+                submit_step[i] = n_steps
                 engine.add_request(
                     f"{tag}-{i}", TokensPrompt(prompt_token_ids=prompts[i]),
                     SamplingParams(max_tokens=int(out_len[i]), ignore_eos=True, detokenize=False,
@@ -456,7 +577,7 @@ def replay(window: Window, policy: str, *, shape: ModelShape = ModelShape(),
             steps["duration_s"].append(te - ts)
             last = getattr(sched, "_pb_last", None) or {}
             for key in SCHED_COLUMNS:
-                steps[key].append(last.get(key, math.nan))
+                steps[key].append(last.get(key, None if key in _TEXT_COLUMNS else math.nan))
             for o in outs:
                 k = ids.get(o.request_id)
                 if k is None:
@@ -466,6 +587,7 @@ def replay(window: Window, policy: str, *, shape: ModelShape = ModelShape(),
                     first[k] = te
                 if o.finished:
                     finish[k] = te
+                    n_finished += 1
             steps["running"].append(len(sched.running) if sched is not None else -1)
             steps["waiting"].append(len(sched.waiting) if sched is not None else -1)
             if sched is not None:
@@ -510,6 +632,7 @@ def replay(window: Window, policy: str, *, shape: ModelShape = ModelShape(),
         "generated_tokens": gen, "generated_tokens_per_s": gen / wall_s if wall_s > 0 else math.nan,
         "prompt_tokens": int(window.input_tokens[done].sum()),
         "completed": int(done.sum()), "submitted": submitted, "rejected": rejected,
+        "submit_s": submit, "submit_step": submit_step, "max_in_flight": max_in_flight,
         "n_preemptions": result.n_preemptions, "steps": steps,
         "environment": environment(ENGINE, vllm.__version__, shape, _device()),
     }
