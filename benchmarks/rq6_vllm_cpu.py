@@ -3,6 +3,21 @@ vLLM environment, `.venv-vllm`, on a quiet machine):
 
     .venv-vllm/bin/python benchmarks/rq6_vllm_cpu.py            # plan, profile, refit, case
     .venv-vllm/bin/python benchmarks/rq6_vllm_cpu.py --dry-run  # only the plan and its estimate
+    .venv-vllm/bin/python benchmarks/rq6_vllm_cpu.py --config equal   # both policies at max_model_len 2,560
+    .venv-vllm/bin/python benchmarks/rq6_vllm_cpu.py --config study   # the study's real-system settings
+
+``--config`` (each has its own default ``--tag``, so its results go to their own files; see
+:data:`CONFIGS`): ``policy`` (``vllm_cpu_guarded``, the default) runs each policy on its own engine
+settings (:data:`portbench.realengine.vllm_backend.POLICIES`: ``vllm_faithful`` at
+``max_model_len`` 2,560, ``slai_faithful`` at 32,768); ``equal`` (``vllm_cpu_equal``) gives both the
+same admission limit, 2,560 (:data:`~portbench.realengine.vllm_backend.EQUAL_ADMISSION`, which says
+why), at the committed case's λ_ref (``--lambda-refs-from``), so that only the limit changes;
+``study`` (``vllm_cpu_study``) runs the study's real-system configuration as far as it carries to a
+tiny model on a CPU (:data:`~portbench.realengine.vllm_backend.STUDY_ENGINE`: both policies without
+chunked prefill at a 32,768-token budget and ``max_model_len``, 256 sequences, at most 32 requests
+in flight, λ_ref searched on ``vllm_faithful``). ``equal`` and ``study`` reuse the committed case's
+step profile and speed ratio (``--profile-from``) and skip the refit. ``--windows-per-source`` and
+``--repetitions`` shrink a case.
 
 1. **Plan**: prints the number of runs (windows × policies × repetitions, λ_ref searches, host
    probes) and an estimated duration, before any engine is built.
@@ -33,6 +48,7 @@ import pandas as pd
 
 from portbench import store
 from portbench.realengine import ModelShape
+from portbench.realengine import vllm_backend as backend
 from portbench.realengine.study import CASE_POLICIES, CASE_SOURCES, realengine_dir, run_case, scheduler_time
 
 #: A tiny random Llama: a window replays in seconds on two CPU cores.
@@ -47,6 +63,20 @@ PROFILE = dict(prefill_tokens=(0, 16, 64, 256, 512, 1024, 2048, 2560), decode_se
 #: A small grid for a smoke test of this script (``--small-profile``).
 SMALL_PROFILE = dict(prefill_tokens=(0, 64, 512), decode_seqs=(0, 4), context_tokens=(32,), repeats=2,
                      max_num_batched_tokens=2048, max_num_seqs=256, kv_cache_gib=1.0)
+
+#: The case's engine configurations (``--config``): default tag, engine settings passed to every
+#: replay and probe (the model shape comes on top), the policy the λ_ref search replays, and the
+#: defaults of ``--lambda-refs-from`` and ``--profile-from``.
+CONFIGS = {
+    "policy": {"tag": "vllm_cpu_guarded", "engine": {}, "lambda_policy": "fifo",
+               "lambda_refs_from": None, "profile_from": None},
+    "equal": {"tag": "vllm_cpu_equal", "engine": dict(backend.EQUAL_ADMISSION), "lambda_policy": "fifo",
+              "lambda_refs_from": "vllm_cpu_guarded_case", "profile_from": "vllm_cpu_guarded"},
+    "study": {"tag": "vllm_cpu_study",
+              "engine": dict(backend.STUDY_ENGINE, kv_cache_gib=backend.STUDY_KV_CACHE_GIB),
+              "lambda_policy": backend.STUDY_LAMBDA_POLICY, "lambda_refs_from": None,
+              "profile_from": "vllm_cpu_guarded"},
+}
 
 #: Fallbacks for the estimate when no earlier run of the case is on disk (the vLLM-CPU case of
 #: 2026-11-30: 21.9 s a run on average; a host probe ~0.2 s; decoder prefill ~50k tokens/s).
@@ -63,33 +93,74 @@ def progress_on_disk(out, tag: str, fresh: bool) -> tuple[int, int]:
     return done, cal_done
 
 
-def plan(args, out, tag, grid):
-    """Runs to do and an estimated duration (s), from earlier runs on disk where there are any."""
-    n_windows = 3 * args.windows_per_source
+def case_windows(args) -> list[str]:
+    """The case's window ids, ``--windows-per-source`` of each source, in manifest order."""
+    return [wid for s in CASE_SOURCES
+            for wid in store.list_windows(args.data_dir, s)["window_id"][:args.windows_per_source]]
+
+
+def shared_lambda_refs(args, out) -> dict:
+    """The real-engine λ_ref entries of case ``--lambda-refs-from`` for this case's windows (``{}``
+    when none is named, it is not on disk, or it searched with another backend, bracket, bisection
+    or λ policy). Its engine settings may differ from this case's: ``--config equal`` reuses the
+    committed case's λ_ref on purpose, so that only the admission limit changes."""
+    if args.lambda_refs_from in (None, "", "none"):
+        return {}
+    path = out / f"{args.lambda_refs_from}.json"
+    if not path.exists():
+        print(f"no {path.name}: every λ_ref is searched here", flush=True)
+        return {}
+    meta = json.loads(path.read_text())
+    case = meta.get("case", {})
+    same = {"backend": (meta.get("backend"), "vllm"),
+            "bracket_factor": (case.get("bracket_factor"), args.bracket_factor),
+            "bisection_steps": (case.get("bisection_steps"), args.bisection_steps),
+            "λ policy": (case.get("lambda_policy", "fifo"), args.lambda_policy)}
+    differ = [k for k, (theirs, ours) in same.items() if theirs != ours]
+    if differ:
+        print(f"{path.name} searched λ_ref with other {', '.join(differ)}: every λ_ref is searched here",
+              flush=True)
+        return {}
+    windows = set(case_windows(args))
+    return {wid: {**entry, "from": entry.get("from", args.lambda_refs_from)}
+            for wid, entry in meta.get("lambda_ref_real", {}).items() if wid in windows}
+
+
+def plan(args, out, tag, grid, shared: dict | None = None):
+    """Runs to do and an estimated duration (s), from earlier runs on disk where there are any;
+    ``shared``: λ_ref entries reused from another case (:func:`shared_lambda_refs`)."""
+    shared = shared or {}
+    n_windows = len(CASE_SOURCES) * args.windows_per_source
     n_runs = n_windows * len(CASE_POLICIES) * args.repetitions
     done, cal_done = progress_on_disk(out, tag, args.fresh)
-    walls = []
-    for path in (out / f"{tag}_case_attempts.parquet", out / "vllm_cpu_case_runs.parquet"):
-        if path.exists():
+    walls, walls_from = [], "default"
+    for path in (out / f"{tag}_case_attempts.parquet", out / "vllm_cpu_guarded_case_attempts.parquet",
+                 out / "vllm_cpu_case_runs.parquet"):
+        if path.exists() and not (args.fresh and path.name.startswith(f"{tag}_")):
             walls = pd.read_parquet(path)["wall_s"].dropna().tolist()
             if walls:
+                walls_from = path.name
                 break
     run_s = float(np.mean(walls)) if walls else DEFAULT_RUN_S
     todo = max(0, n_runs - done)
-    searches = max(0, n_windows - cal_done)
+    searches = max(0, n_windows - max(cal_done, len(shared)))
     retry = 1.2                                  # expected attempts per run (some re-runs)
-    calib_replays = searches * (2 + args.bisection_steps + 1)      # bracket, bisection, ~1 widening
-    probes = 2 * todo * retry + 3 * len(CASE_POLICIES) if todo else 0
+    calib_replays = searches * (2 + args.bisection_steps)          # bracket, bisection
+    # A replay lasts about its arrival span, ∝ 1/λ: the bracket's low end (λ_ref / bracket_factor)
+    # lasts ~1.5 x bracket_factor runs (a run is at 1.5 λ_ref), the high end ~1, a bisection ~1.5.
+    calib_runs = searches * (1.5 * args.bracket_factor + 1 + 1.5 * args.bisection_steps)
+    probes = 2 * todo * retry + 3 * 3 * len(CASE_POLICIES) if todo else 0   # + up to 3 reference rounds
     profile_s = 0.0
-    if args.fresh or not (out / f"{tag}_step_profile.parquet").exists():
+    if not args.profile_from and (args.fresh or not (out / f"{tag}_step_profile.parquet").exists()):
         g = grid
         prefill_tokens = sum(d * c for d in g["decode_seqs"] for c in g["context_tokens"])
         timed = len(g["prefill_tokens"]) * len(g["decode_seqs"]) * len(g["context_tokens"]) * g["repeats"]
         profile_s = prefill_tokens / PREFILL_TOKENS_PER_S + timed * STEP_S + 30
     est = {"runs_total": n_runs, "runs_done": done, "runs_to_do": todo, "lambda_searches": searches,
-           "calibration_replays_est": calib_replays, "host_probes_est": int(probes),
-           "run_s_est": run_s, "profile_s_est": profile_s,
-           "case_s_est": todo * retry * run_s + calib_replays * run_s + probes * PROBE_S
+           "lambda_shared": len(shared), "calibration_replays_est": calib_replays,
+           "host_probes_est": int(probes), "run_s_est": run_s, "run_s_from": walls_from,
+           "profile_s_est": profile_s,
+           "case_s_est": todo * retry * run_s + calib_runs * run_s + probes * PROBE_S
            + args.retry_wait_s * todo * (retry - 1)}
     est["total_s_est"] = est["profile_s_est"] + est["case_s_est"]
     return est
@@ -123,38 +194,77 @@ def done_line(runs, expected: int, seconds: float) -> str:
             + ("" if len(runs) >= expected else " — restart the same command to resume"))
 
 
+def load_profile(out, tag: str):
+    """``(profile, tuning)`` of tag ``tag`` on disk, or ``(None, None)``."""
+    profile_path, tuning_path = out / f"{tag}_step_profile.parquet", out / f"{tag}_tuning.json"
+    if profile_path.exists() and tuning_path.exists():
+        return pd.read_parquet(profile_path), json.loads(tuning_path.read_text())
+    return None, None
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    case_arguments(ap, windows_per_source=8, tag="vllm_cpu_guarded")
+    case_arguments(ap, windows_per_source=8, tag=None)
+    ap.add_argument("--config", choices=list(CONFIGS), default="policy",
+                    help="engine configuration of both policies (default tag: "
+                         + ", ".join(f"{k} -> {v['tag']}" for k, v in CONFIGS.items()) + ")")
+    ap.add_argument("--lambda-refs-from", default="",
+                    help="reuse the real-engine λ_ref searches of this case (its tag, e.g. "
+                         "vllm_cpu_guarded_case; 'none': search here); default: the config's")
+    ap.add_argument("--profile-from", default="",
+                    help="reuse this tag's step profile and speed ratio (e.g. vllm_cpu_guarded) instead "
+                         "of profiling, and skip the refit ('none': profile here); default: the config's")
     ap.add_argument("--small-profile", action="store_true", help="a small profile grid (smoke tests)")
     args = ap.parse_args()
+    config = CONFIGS[args.config]
+    args.tag = args.tag or config["tag"]
+    args.lambda_policy = config["lambda_policy"]
+    if args.lambda_refs_from == "":
+        args.lambda_refs_from = config["lambda_refs_from"]
+    if args.profile_from == "":
+        args.profile_from = config["profile_from"]
+    if args.profile_from in ("none", args.tag):
+        args.profile_from = None
 
     out = realengine_dir(args.data_dir)
     out.mkdir(parents=True, exist_ok=True)
     tag = args.tag
     grid = SMALL_PROFILE if args.small_profile else PROFILE
-    est = plan(args, out, tag, grid)
+    engine_kwargs = dict(config["engine"], shape=SHAPE)
+    shared = shared_lambda_refs(args, out)
+    est = plan(args, out, tag, grid, shared)
+    settings = ", ".join(f"{k}={v}" for k, v in config["engine"].items()) or "each policy's own"
+    print(f"config [{args.config}]: engine settings {settings}; λ_ref searched on {args.lambda_policy}"
+          + (f" ({est['lambda_shared']} reused from {args.lambda_refs_from})" if shared else "")
+          + (f"; profile and speed ratio from {args.profile_from}" if args.profile_from else ""), flush=True)
     print(f"plan [{tag}]: {len(CASE_SOURCES)} sources x {args.windows_per_source} windows x "
           f"{len(CASE_POLICIES)} policies x {args.repetitions} repetitions = {est['runs_total']} runs "
           f"({est['runs_done']} done, {est['runs_to_do']} to do); {est['lambda_searches']} λ_ref searches "
           f"(~{est['calibration_replays_est']} replays); ~{est['host_probes_est']} host probes", flush=True)
     print(f"estimate: profile ~{est['profile_s_est'] / 60:.0f} min + case ~{est['case_s_est'] / 60:.0f} min "
-          f"= ~{est['total_s_est'] / 3600:.1f} h (a run ~{est['run_s_est']:.0f} s; more if the host is "
-          f"noisy: each rejected run is repeated up to {args.max_retries} times)", flush=True)
+          f"= ~{est['total_s_est'] / 3600:.1f} h (a run ~{est['run_s_est']:.0f} s, from {est['run_s_from']}; "
+          f"more if the host is noisy: each rejected run is repeated up to {args.max_retries} times)",
+          flush=True)
     if args.dry_run:
         return
-
-    from portbench.realengine import vllm_backend as mod
 
     t0 = time.perf_counter()
     profile_path = out / f"{tag}_step_profile.parquet"
     tuning_path = out / f"{tag}_tuning.json"
-    if profile_path.exists() and tuning_path.exists() and not args.fresh:
-        profile = pd.read_parquet(profile_path)
-        tuning = json.loads(tuning_path.read_text())
+    profile, tuning = load_profile(out, args.profile_from or tag)
+    if args.profile_from:
+        if tuning is None:
+            raise SystemExit(f"--profile-from {args.profile_from}: no {args.profile_from}_step_profile.parquet "
+                             f"and _tuning.json in {out}")
+        if tuning.get("shape") != dataclasses.asdict(SHAPE):
+            raise SystemExit(f"--profile-from {args.profile_from}: profiled another model shape")
+        store.atomic_write(tuning_path, lambda p: p.write_text(json.dumps(
+            dict(tuning, **{"from": args.profile_from}), indent=1, default=str)))
+        print(f"profile and speed ratio reused from {args.profile_from}", flush=True)
+    elif profile is not None and not args.fresh:
         print(f"profile and refit reused from {profile_path.name}", flush=True)
     else:
-        profile = mod.step_profile(shape=SHAPE, **grid)
+        profile = backend.step_profile(shape=SHAPE, **grid)
         skipped = profile.attrs.get("skipped", [])
         store.atomic_write(profile_path, lambda p: profile.to_parquet(p, index=False))
         clean = profile[profile["clean"]]
@@ -178,7 +288,7 @@ def main():
                     repetitions=args.repetitions, drift_tolerance=args.drift_tolerance,
                     max_retries=args.max_retries, retry_wait_s=args.retry_wait_s,
                     resume=not args.fresh, time_budget_s=budget, tag=f"{tag}_case", data_dir=args.data_dir,
-                    shape=SHAPE)
+                    lambda_refs=shared, lambda_policy=args.lambda_policy, **engine_kwargs)
     steps_path = out / f"{tag}_case_steps.parquet"
     if steps_path.exists():
         steps = pd.read_parquet(steps_path)
@@ -188,23 +298,25 @@ def main():
         same = (steps[["window_id", "policy", "repetition"]].shift(-1)
                 == steps[["window_id", "policy", "repetition"]]).all(axis=1)
         busy = gap[same & (steps["running"] + steps["waiting"] > 0)]   # no wait for an arrival
-        print(f"replay gap between busy steps: median {np.median(busy) * 1e3:.3f} ms "
-              f"(profile: {tuning['median_gap_s'] * 1e3:.3f} ms)" if len(busy) else "", flush=True)
+        print(f"replay gap between busy steps: median {np.median(busy) * 1e3:.3f} ms"
+              + (f" (profile: {tuning['median_gap_s'] * 1e3:.3f} ms)" if "median_gap_s" in tuning else "")
+              if len(busy) else "", flush=True)
         sched = scheduler_time(steps)
         if len(sched):
             print("scheduler time per step (ms) by waiting-queue length:", flush=True)
             print(sched.to_string(index=False), flush=True)
-    # the refit, last (see the module's docstring: numba and vLLM do not share a process)
-    from portbench.engine_v1 import StepCost
+    if not args.profile_from:
+        # the refit, last (see the module's docstring: numba and vLLM do not share a process)
+        from portbench.engine_v1 import StepCost
 
-    clean = profile[profile["clean"]]
-    cost, err, by_range = StepCost.fit(clean, by_range=True)
-    store.atomic_write(out / f"{tag}_fit_by_range.parquet", lambda p: by_range.to_parquet(p, index=False))
-    store.atomic_write(out / f"{tag}_cost.json", lambda p: p.write_text(json.dumps(
-        {"cost": dataclasses.asdict(cost), "fit_median_rel_error": err, "profile_rows": int(len(clean))},
-        indent=1)))
-    print(f"refit: {cost} (median error {err:.1%}); by range:", flush=True)
-    print(by_range.to_string(index=False), flush=True)
+        clean = profile[profile["clean"]]
+        cost, err, by_range = StepCost.fit(clean, by_range=True)
+        store.atomic_write(out / f"{tag}_fit_by_range.parquet", lambda p: by_range.to_parquet(p, index=False))
+        store.atomic_write(out / f"{tag}_cost.json", lambda p: p.write_text(json.dumps(
+            {"cost": dataclasses.asdict(cost), "fit_median_rel_error": err, "profile_rows": int(len(clean))},
+            indent=1)))
+        print(f"refit: {cost} (median error {err:.1%}); by range:", flush=True)
+        print(by_range.to_string(index=False), flush=True)
     print(done_line(runs, est["runs_total"], time.perf_counter() - t0), flush=True)
 
 
