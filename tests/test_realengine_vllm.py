@@ -62,6 +62,8 @@ JOBS = {
     "slai_burst": ("replay", (burst_window(), "slai_faithful"), {"max_num_seqs": SEQS}),
     "faithful_long": ("replay", (long_window(), "vllm_faithful"), {"max_num_seqs": SEQS}),
     "faithful_mixed": ("replay", (mixed_window(), "vllm_faithful"), {"max_num_seqs": SEQS}),
+    "faithful_inflight": ("replay", (random_window(), "vllm_faithful"), {"max_num_seqs": SEQS, "max_in_flight": 2}),
+    "slai_equal": ("replay", (mixed_window(), "slai_faithful"), {"max_num_seqs": SEQS, **vb.EQUAL_ADMISSION}),
     "outcomes": ("engine_outcomes", ("vllm_faithful", OUTCOMES), {"max_num_seqs": SEQS}),
     "probe_faithful": ("probe", ("vllm_faithful",), {"max_num_seqs": SEQS}),
     "probe_slai": ("probe", ("slai_faithful",), {"max_num_seqs": SEQS}),
@@ -209,3 +211,35 @@ def test_vllm_refuses_or_caps_what_the_replay_refuses(runs):
 def fidelity_cost():
     from portbench.engine_v1 import StepCost
     return StepCost()
+
+
+def test_steps_name_their_requests_and_requests_their_submission(runs):
+    """Each step's batch (``scheduled``) adds up to every request's prompt and output tokens (the last
+    output token is never fed back), and each request's submission clock and step are recorded."""
+    for name in ("fifo_rand", "slai_rand", "faithful_inflight"):
+        result, info = runs[name]
+        fed = np.zeros(len(result.arrival_s), dtype=np.int64)
+        for text in info["steps"]["scheduled"]:
+            for key, n in vb.parse_scheduled(text).items():
+                fed[int(key)] += n
+        assert (fed == result.input_tokens + result.output_tokens - 1).all(), name
+        submit, step = np.asarray(info["submit_s"]), np.asarray(info["submit_step"])
+        assert np.all(result.arrival_s <= submit + 1e-9) and np.all(submit <= result.admit_s + 1e-9)
+        starts = np.asarray(info["steps"]["start_s"])
+        assert np.all(step >= 0) and np.all(starts[step] >= submit - 1e-9)   # no earlier step could see it
+        assert np.all((step == 0) | (starts[np.maximum(step - 1, 0)] <= submit))
+
+
+def test_max_in_flight_holds_due_requests_back(runs):
+    result, info = runs["faithful_inflight"]
+    submit = np.asarray(info["submit_s"])
+    in_flight = [int(((submit <= t) & (result.finish_s > t)).sum()) for t in submit]
+    assert max(in_flight) <= 2 and info["max_in_flight"] == 2
+    assert (submit - result.arrival_s).max() > 0.05                  # the burst waited for workers
+
+
+def test_equal_admission_refuses_the_same_requests_on_both_policies(runs):
+    _, slai = runs["slai_equal"]
+    _, faithful = runs["faithful_mixed"]
+    assert slai["engine_config"]["max_model_len"] == faithful["engine_config"]["max_model_len"] == 2560
+    assert slai["rejected"] == faithful["rejected"] == [1, 2, 4]
