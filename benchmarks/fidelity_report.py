@@ -3,8 +3,8 @@
     python benchmarks/fidelity_report.py [--tag vllm_cpu_guarded] [--rq7-tag vllm_cpu_rq7] [--write]
 
 Prints the replayed-cost schedule agreement (steps and requests, each disagreement's class), the
-step cost's error cross-validated by window (linear and per-shape), the per-request latency errors
-with the cross-validated per-shape cost, the like-for-like comparison, the conclusions under each
+step cost's error cross-validated by window (linear, per-shape and rich), the per-request latency errors
+with the cross-validated rich cost (and, apart, at each run's own speed), the like-for-like comparison, the conclusions under each
 rule for keeping runs and the RQ7 runs' mean |ΔANWG|. ``--write`` stores each run's simulated
 counterpart per request (``<tag>_case_sim_requests.parquet``).
 """
@@ -37,31 +37,43 @@ def main():
     windows = {w.window_id: w for w in store.load_windows(window_ids=sorted(set(runs["window_id"])))}
     profile_cost = StepCost(**json.loads((d / f"{args.tag}_cost.json").read_text())["cost"])
 
-    st, rq, _ = fidelity.replayed_cost_comparison(runs, requests, steps, windows, profile_cost)
-    print("1. replayed-cost schedule agreement (share of steps / of served requests identical; "
-          "classes as shares of all rows)")
-    print("steps:\n" + fidelity.agreement_table(st).round(4).to_string(index=False))
-    print("requests:\n" + fidelity.agreement_table(rq).round(4).to_string(index=False))
+    for clock in ("fixed", "measured"):
+        st, rq, _ = fidelity.replayed_cost_comparison(runs, requests, steps, windows, profile_cost, slai_clock=clock)
+        print(f"1. replayed-cost schedule agreement, slai_faithful's Θ clock {clock!r} (share of steps / of "
+              "served requests identical; classes as shares of all rows)")
+        print("steps:\n" + fidelity.agreement_table(st).round(4).to_string(index=False))
+        print("requests:\n" + fidelity.agreement_table(rq).round(4).to_string(index=False))
 
     print(f"\n2. step cost, cross-validated by window ({args.folds} folds): relative error")
-    for kind in ("linear", "shaped"):
+    for kind in ("linear", "shaped", "rich"):
         err = fidelity.cross_validated_step_error(steps, runs, k=args.folds, kind=kind)
         print(f"{kind}:\n" + fidelity.step_error_table(err).round(3).to_string())
+    print("rich cost fitted on every step (ms per unit):\n"
+          + (fidelity.RichStepCost.fit(fidelity.run_steps(steps)).table() * 1e3).to_string(float_format="%.6f"))
 
-    cp = fidelity.counterpart_requests(runs, requests, steps, windows, k=args.folds, kind="shaped")
+    cp = fidelity.counterpart_requests(runs, requests, steps, windows, k=args.folds, kind="rich")
     errors = fidelity.latency_errors(cp)
-    print("\n3. per-request relative error, cross-validated per-shape cost")
-    for label, e in (("every run", errors), ("probe guard accepted", errors[~errors["host_flagged"]])):
+    speed = fidelity.own_step_speed(steps)
+    own_ok = errors.merge(speed[fidelity.RUN_KEYS + ["step_flagged"]], on=fidelity.RUN_KEYS, how="left")
+    own_ok = ~own_ok["step_flagged"].fillna(True).astype(bool).to_numpy()
+    print("\n3. per-request relative error, cross-validated rich cost (the headline)")
+    for label, e in (("every run", errors), ("probe guard accepted", errors[~errors["host_flagged"]]),
+                     ("own steps at the case's speed", errors[own_ok])):
         print(f"{label}:\n" + fidelity.latency_error_table(e).round(3).to_string())
     print(fidelity.latency_error_table(errors, "source").round(3).to_string())
     print(fidelity.latency_error_table(errors, "policy").round(3).to_string())
+    known = fidelity.latency_errors(fidelity.counterpart_requests(runs, requests, steps, windows, k=args.folds,
+                                                                  kind="rich", speed_known=True))
+    print("separate reading, NOT a prediction: each run's cost scaled by its own measured decode speed "
+          "(host drift taken out)")
+    print(fidelity.latency_error_table(known).round(3).to_string())
+    print(fidelity.latency_error_table(known, "source").round(3).to_string())
     print("published, for scale:")
     print(pd.DataFrame(fidelity.PUBLISHED_FIDELITY).to_string(index=False))
 
     anwg = fidelity.anwg_from_counterpart(cp)
     print("\n4. like for like (mean |ΔANWG| and τ_b over the same windows, 95% bootstrap by window)")
     print(fidelity.like_for_like(anwg, n_resamples=args.n_resamples).round(3).to_string(index=False))
-    speed = fidelity.own_step_speed(steps)
     print("conclusions by the rule that keeps runs:")
     print(fidelity.conclusions_by_rule(anwg, errors, speed).round(3).to_string())
 

@@ -4,6 +4,7 @@ head-of-line ablation of ``vllm_faithful``.
 
 from __future__ import annotations
 
+import dataclasses
 
 import numpy as np
 import pandas as pd
@@ -123,11 +124,13 @@ def real_refused(window, max_model_len) -> np.ndarray:
 
 
 def simulate_counterpart(window, policy: str, cost, *, kv_tokens: int = 500_000,
-                         max_model_len=None):
+                         max_model_len=None, policy_obj=None):
     """The ``vllm_v1`` counterpart of a real run of ``policy`` on ``window`` (already scaled), with the
     real engine's refusal rule: the requests of :func:`real_refused` are taken out of the window
     before simulating and come back as never served (NaN times). ``max_model_len``: the real run's
-    (default: :data:`REAL_COUNTERPARTS`). Returns ``(RunResult, refused mask)``.
+    (default: :data:`REAL_COUNTERPARTS`); ``policy_obj``: a policy object to run in place of
+    ``make_policy(policy, ...)`` (the same policy, instrumented: :class:`MeasuredClockSlai`).
+    Returns ``(RunResult, refused mask)``.
     """
     import dataclasses
 
@@ -139,12 +142,14 @@ def simulate_counterpart(window, policy: str, cost, *, kv_tokens: int = 500_000,
     refused = real_refused(window, max_model_len)
     model = VllmV1Model(max_num_batched_tokens=spec["budget"], max_active_sequences=spec["seqs"],
                         max_kv_tokens=kv_tokens, cost=cost)
+    if policy_obj is None:
+        policy_obj = make_policy(policy, **spec["params"])
     if not refused.any():
-        return sim.simulate(window, make_policy(policy, **spec["params"]), model), refused
+        return sim.simulate(window, policy_obj, model), refused
     keep = ~refused
     sub = dataclasses.replace(window, **{f: getattr(window, f)[keep] for f in (
         "arrival_s", "input_tokens", "output_tokens", "predicted_output_tokens", "deadline_s")})
-    r = sim.simulate(sub, make_policy(policy, **spec["params"]), model)
+    r = sim.simulate(sub, policy_obj, model)
 
     def full(values):
         out = np.full(len(window), np.nan)
@@ -332,6 +337,90 @@ class ReplayedStepTimes:
                                                  "context_tokens", "scheduled_seqs"])
 
 
+#: How the real SLAI scheduler (:mod:`portbench.realengine.vllm_slai_scheduler`, ``step_ema`` and
+#: its busy-interval bound) measures the step length Θ counts: an exponential moving average, with
+#: this weight, of the interval between consecutive scheduler calls that found running requests
+#: and came less than :data:`SLAI_BUSY_INTERVAL_S` apart, started from the rule's ``step_s`` at
+#: each replay. Written here because that module needs vLLM to import.
+SLAI_STEP_EMA = 0.2
+SLAI_BUSY_INTERVAL_S = 1.0
+#: The spread :class:`MeasuredClockSlai` puts between equal LSTs, per place in admission order.
+TIE_SPREAD_S = 1e-12
+
+
+def slai_measured_step_s(run_steps_frame: pd.DataFrame, *, first_s: float | None = None,
+                         ema: float = SLAI_STEP_EMA, busy_interval_s: float = SLAI_BUSY_INTERVAL_S) -> np.ndarray:
+    """The step length the real SLAI scheduler counted Θ in at each of a run's steps, rebuilt from
+    its step log: at step ``k`` (after its own update) the moving average of the intervals between
+    step starts ``start_s[j] − start_s[j−1]``, ``j ≤ k``, of the steps that found running requests
+    (``running_before`` > 0) and came under ``busy_interval_s`` apart; ``first_s`` (default: the
+    study's :data:`~portbench.policies.slai_faithful.SLAI` ``step_s``) before any. The step start
+    stands for the scheduler's own clock read, a few microseconds later in the same step."""
+    from .policies.slai_faithful import SLAI
+
+    frame = run_steps_frame.sort_values("step")
+    start = frame["start_s"].to_numpy(dtype=float)
+    running = (frame["running_before"].to_numpy() if "running_before" in frame
+               else np.r_[0, frame["running"].to_numpy()[:-1]])
+    est = float(SLAI.step_s if first_s is None else first_s)
+    out = np.empty(len(start))
+    for k in range(len(start)):
+        if k and running[k] > 0:
+            dt = start[k] - start[k - 1]
+            if dt < busy_interval_s:
+                est += ema * (dt - est)
+        out[k] = est
+    return out
+
+
+def _measured_clock_slai_class():
+    from .policies.slai_faithful import SlaiFaithful
+
+    class MeasuredClockSlai(SlaiFaithful):
+        """``slai_faithful`` whose Θ counts, at step ``k``, the step length the real scheduler had
+        measured by then (``step_s_by_step[k]``, :func:`slai_measured_step_s`; the last value past
+        the end) instead of the study's fixed 1 ms: the replayed-cost comparison's SLAI, timed like
+        the real one. It walks every step (no skipping: the clock changes from step to step).
+
+        It also breaks ties between decoders of equal LST the real scheduler's way: the real one
+        sorts its running list (admission order) by LST with a stable sort, ``slai_faithful`` by
+        (LST, request id). Decoders served in the same step share one LST, so under SLAI's
+        shortest-prompt-first admission the two orders differ and the engines hold different
+        decoders of the same count. After each call the LSTs the call set are spread by
+        :data:`TIE_SPREAD_S` per place in the running list (admission order), so a later sort by
+        LST keeps admission order among them (at most 128 × 1e-12 s apart: no step boundary moves).
+        Everything else is ``slai_faithful``'s."""
+
+        def __init__(self, step_s_by_step, **params):
+            super().__init__(**params)
+            self._clock = [float(x) for x in step_s_by_step]
+
+        def reset(self, view):
+            super().reset(view)
+            self._never_skip = True
+
+        def schedule(self, view):
+            if self._clock:
+                s = self._clock[min(view.step, len(self._clock) - 1)]
+                if s != self.rule.step_s:
+                    self.rule = dataclasses.replace(self.rule, step_s=s)
+            before = dict(self._lst)
+            d = super().schedule(view)
+            lst = self._lst
+            for place, r in enumerate(view.running):
+                if r in lst and before.get(r) != lst[r]:
+                    lst[r] += place * TIE_SPREAD_S
+            return d
+
+    return MeasuredClockSlai
+
+
+def measured_clock_slai(step_s_by_step, **params):
+    """A :class:`MeasuredClockSlai` (``slai_faithful`` with the real scheduler's measured step
+    length per step; see :func:`slai_measured_step_s`)."""
+    return _measured_clock_slai_class()(step_s_by_step, **params)
+
+
 def _step_index(times, edges, *, tol: float = 1e-7) -> np.ndarray:
     """For each time (s) the index of the step edge (sorted step starts or ends, s) within ``tol``
     of it; -1 where none is (and for NaN)."""
@@ -375,8 +464,9 @@ DISAGREEMENT_CLASSES = {
           "a time the step log does not record, so it may have missed it; the model, whose step starts "
           "at the real step's start, counts it",
     SLAI_CLOCK: "the two SLAIs serve a different number of decodes: the real scheduler counts Θ in a "
-                "moving average of its measured step interval (starting from 1 ms), the model's policy "
-                "in the study's fixed 1 ms, so a decoder turns critical at another step",
+                "moving average of its measured step interval (starting from 1 ms), the study's policy "
+                "in a fixed 1 ms, so a decoder turns critical at another step (the replay gives the "
+                "model the real scheduler's measured step length by default, slai_clock='measured')",
     LENGTH: "the schedules agree on every step both ran, but one ran more steps",
     SAME_SHAPE: "every step has the same batch shape, yet a request was admitted, started or finished "
                 "at another step",
@@ -466,10 +556,13 @@ def _run_rows(frame: pd.DataFrame, run) -> pd.DataFrame:
 
 
 def replayed_cost_comparison(runs: pd.DataFrame, requests: pd.DataFrame, steps: pd.DataFrame,
-                             windows: dict, fallback, *, kv_tokens: int = 500_000):
+                             windows: dict, fallback, *, kv_tokens: int = 500_000,
+                             slai_clock: str = "measured"):
     """Every real run replayed in ``vllm_v1`` with its own recorded step times
     (:class:`ReplayedStepTimes`; ``fallback`` times steps past the real run's last) and compared
-    with the real schedule (:func:`compare_schedules`).
+    with the real schedule (:func:`compare_schedules`). ``slai_clock``: "measured" runs
+    ``slai_faithful`` with the step length the real scheduler measured at each step
+    (:func:`measured_clock_slai`); "fixed" with the study's 1 ms.
 
     Returns (steps, requests, per_run): the step and request tables of every run (with the run's
     keys and ``source``), and per run the counts ``n_steps_real``, ``n_steps_sim``,
@@ -477,6 +570,8 @@ def replayed_cost_comparison(runs: pd.DataFrame, requests: pd.DataFrame, steps: 
     """
     from .engine_v1 import PS
 
+    if slai_clock not in ("measured", "fixed"):
+        raise ValueError(f"slai_clock must be 'measured' or 'fixed', got {slai_clock!r}")
     steps = run_steps(steps)
     step_frames, req_frames, per_run = [], [], []
     for _, run in runs.iterrows():
@@ -489,8 +584,12 @@ def replayed_cost_comparison(runs: pd.DataFrame, requests: pd.DataFrame, steps: 
         replay = ReplayedStepTimes(rs, fallback)
         w = scale(windows[run["window_id"]], run["load_factor"])
         mml = run.get("max_model_len", None)
+        pol = None
+        if run["policy"] == "slai_faithful" and slai_clock == "measured":
+            pol = measured_clock_slai(slai_measured_step_s(rs), **REAL_COUNTERPARTS["slai_faithful"]["params"])
         result, refused = simulate_counterpart(w, run["policy"], replay, kv_tokens=kv_tokens,
-                                               max_model_len=None if mml is None or pd.isna(mml) else mml)
+                                               max_model_len=None if mml is None or pd.isna(mml) else mml,
+                                               policy_obj=pol)
         log = replay.log()
         real_req = request_steps(real["admit_s"], real["first_token_s"], real["finish_s"], rs["start_s"], rs["end_s"])
         sim_req = request_steps(result.admit_s, result.first_token_s, result.finish_s,
@@ -592,6 +691,148 @@ class ShapedStepCost:
         return c0 + self._gap_ps + cp * prefill + cd * decodes + cc * context
 
 
+#: The terms of :class:`RichStepCost`, per batch shape: a fixed time, per prefill token, per
+#: decoding sequence, per context token (attention reads of the tokens already computed) and per
+#: unit of the prefill chunks' own attention (``prefill_tokens² ÷ (2 · prefill sequences)``: the
+#: token pairs inside the chunks when the step's prefill tokens are split evenly over its prefilling
+#: sequences).
+RICH_TERMS = ("fixed", "prefill_tokens", "decode_seqs", "context_tokens", "prefill_attention")
+
+
+def prefill_attention(prefill, decode, scheduled) -> np.ndarray:
+    """The prefill chunks' own attention work of each step (token pairs, see :data:`RICH_TERMS`);
+    ``scheduled``: the step's scheduled sequences (its prefilling ones: scheduled − decodes, at
+    least 1 where it prefills)."""
+    prefill = np.asarray(prefill, dtype=float)
+    seqs = np.maximum(np.asarray(scheduled, dtype=float) - np.asarray(decode, dtype=float), 1.0)
+    return prefill * prefill / (2.0 * seqs)
+
+
+def _rich_design(prefill, decode, context, scheduled) -> np.ndarray:
+    prefill, decode, context = (np.asarray(v, dtype=float) for v in (prefill, decode, context))
+    return np.column_stack([np.ones(len(prefill)), prefill, decode, context,
+                            prefill_attention(prefill, decode, scheduled)])
+
+
+def fit_median_relative(x: np.ndarray, y: np.ndarray, *, iterations: int = 30) -> np.ndarray:
+    """Non-negative coefficients ``c`` that minimise the summed |x·c − y| ÷ y (least absolute
+    relative error, so the fit aims at the median relative error and no few long steps dominate it),
+    by iteratively reweighted non-negative least squares from the relative least-squares fit."""
+    from scipy.optimize import nnls
+
+    a = np.asarray(x, dtype=float) / np.asarray(y, dtype=float)[:, None]
+    ones = np.ones(len(a))
+    # columns that are zero throughout (a term a shape never has) keep a zero coefficient
+    used = np.flatnonzero(np.abs(a).max(axis=0) > 0) if len(a) else np.arange(a.shape[1])
+    c = np.zeros(a.shape[1])
+    if not len(a):
+        return c
+    au = a[:, used]
+    cu = nnls(au, ones)[0]
+    for _ in range(iterations):
+        w = np.sqrt(1.0 / np.maximum(np.abs(au @ cu - 1.0), 1e-3))
+        cu = nnls(au * w[:, None], w)[0]
+    c[used] = cu
+    return c
+
+
+class RichStepCost:
+    """The richer step cost: for each batch shape (:data:`SHAPES`) its own non-negative
+    coefficients for the terms of :data:`RICH_TERMS` — a fixed time per shape, prefill tokens,
+    decoding sequences, context tokens and the prefill chunks' own attention — fitted to the least
+    absolute *relative* error (:func:`fit_median_relative`), plus the pooled linear fit's gap
+    between steps. A shape with fewer than 8 steps takes the fit over every step. Like
+    :class:`ShapedStepCost`, the ``vllm_v1`` engine takes it through its per-step hook
+    (``step_ps``, which knows the step's scheduled sequences); ``picoseconds()`` and ``fixed_s`` are
+    the pooled linear fit's, for the model's nominal bounds."""
+
+    def __init__(self, coef: dict, pooled, gap_s: float):
+        from .engine_v1 import PS
+
+        missing = set(SHAPES) - set(coef)
+        if missing:
+            raise ValueError(f"RichStepCost needs coefficients for every shape; missing {sorted(missing)}")
+        bad = {k: v for k, v in coef.items() if len(v) != len(RICH_TERMS)}
+        if bad:
+            raise ValueError(f"RichStepCost needs {len(RICH_TERMS)} coefficients {RICH_TERMS} per shape; "
+                             f"got {bad}")
+        self.coef = {k: tuple(map(float, v)) for k, v in coef.items()}
+        self.pooled, self.gap_s = pooled, gap_s
+        self.fixed_s = pooled.fixed_s
+        self._gap_ps = int(round(gap_s * PS))
+        self._ps = {k: tuple(x * PS for x in v) for k, v in self.coef.items()}
+
+    @classmethod
+    def fit(cls, steps: pd.DataFrame):
+        """Fit on a step log (``duration_s``, ``prefill_tokens``, ``decode_seqs``,
+        ``context_tokens``, ``scheduled_seqs``, optionally ``gap_s``)."""
+        pooled = fit_linear(steps)
+        x = _rich_design(steps["prefill_tokens"], steps["decode_seqs"], steps["context_tokens"],
+                         steps["scheduled_seqs"])
+        y = steps["duration_s"].to_numpy(dtype=float)
+        shape = batch_shape(steps["prefill_tokens"], steps["decode_seqs"])
+        everything = None
+        coef = {}
+        for name in SHAPES:
+            m = shape == name
+            if m.sum() < 8:
+                if everything is None:
+                    everything = tuple(fit_median_relative(x, y))
+                coef[name] = everything
+                continue
+            coef[name] = tuple(fit_median_relative(x[m], y[m]))
+        return cls(coef, pooled, pooled.gap_s)
+
+    def predict(self, prefill, decode, context, scheduled=None) -> np.ndarray:
+        """Step time (s, gap excluded) of batches given column by column (``scheduled``: the steps'
+        scheduled sequences; None: one prefilling sequence per prefilling step)."""
+        prefill = np.asarray(prefill, dtype=float)
+        decode = np.asarray(decode, dtype=float)
+        if scheduled is None:
+            scheduled = decode + (prefill > 0)
+        x = _rich_design(prefill, decode, context, scheduled)
+        shape = batch_shape(prefill, decode)
+        out = np.full(len(prefill), np.nan)
+        for name, c in self.coef.items():
+            m = shape == name
+            out[m] = x[m] @ np.asarray(c)
+        return out
+
+    def table(self) -> pd.DataFrame:
+        """The coefficients, a row per shape and a column per term (s per unit)."""
+        return pd.DataFrame(self.coef, index=list(RICH_TERMS)).T.rename_axis("shape")
+
+    def picoseconds(self):
+        return self.pooled.picoseconds()
+
+    def step_ps(self, step, start_ps, prefill, decodes, context, scheduled) -> int:
+        name = "mixed" if prefill and decodes else "prefill only" if prefill else "decode only"
+        c0, cp, cd, cc, ca = self._ps[name]
+        attn = prefill * prefill / (2.0 * max(scheduled - decodes, 1)) if prefill else 0.0
+        return max(1, int(round(c0 + cp * prefill + cd * decodes + cc * context + ca * attn))) + self._gap_ps
+
+
+class ScaledStepCost:
+    """Another per-step cost with every step's time (gap included) multiplied by ``factor``: the
+    cost as it would run at a known speed level (a separate reading, not a prediction)."""
+
+    def __init__(self, cost, factor: float):
+        self.cost, self.factor = cost, float(factor)
+        self.fixed_s = cost.fixed_s
+        self.gap_s = getattr(cost, "gap_s", 0.0)
+
+    def picoseconds(self):
+        return self.cost.picoseconds()
+
+    def step_ps(self, step, start_ps, prefill, decodes, context, scheduled) -> int:
+        if hasattr(self.cost, "step_ps"):
+            base = self.cost.step_ps(step, start_ps, prefill, decodes, context, scheduled)
+        else:
+            c0, cp, cd, cc, cg = self.cost.picoseconds()
+            base = c0 + cg + cp * prefill + cd * decodes + cc * context
+        return max(1, int(round(base * self.factor)))
+
+
 def fit_linear(steps: pd.DataFrame):
     """:class:`~portbench.engine_v1.StepCost` fitted to a real step log (gap: the median busy gap)."""
     from .engine_v1 import StepCost
@@ -600,11 +841,20 @@ def fit_linear(steps: pd.DataFrame):
     return cost
 
 
-def predict_step_s(cost, prefill, decode, context) -> np.ndarray:
-    """Either cost model's step time (s, gap excluded)."""
+def predict_step_s(cost, prefill, decode, context, scheduled=None) -> np.ndarray:
+    """Any of the cost models' step time (s, gap excluded); ``scheduled`` (the steps' scheduled
+    sequences) is used by :class:`RichStepCost` only."""
+    if isinstance(cost, RichStepCost):
+        return cost.predict(prefill, decode, context, scheduled)
     if hasattr(cost, "predict"):
         return cost.predict(prefill, decode, context)
     return predicted_step_s(cost, prefill, decode, context)
+
+
+#: The step-cost models that can be cross-validated, by name: the linear
+#: :class:`~portbench.engine_v1.StepCost`, the per-shape :class:`ShapedStepCost` and the
+#: :class:`RichStepCost`.
+COST_KINDS = {"linear": fit_linear, "shaped": ShapedStepCost.fit, "rich": RichStepCost.fit}
 
 
 def window_folds(window_ids, sources, k: int = 4) -> dict:
@@ -621,18 +871,17 @@ def window_folds(window_ids, sources, k: int = 4) -> dict:
 
 
 def cross_validated_costs(steps: pd.DataFrame, runs: pd.DataFrame, *, k: int = 4, kind: str = "linear") -> dict:
-    """fold → cost model fitted on the steps of the other folds' windows (``kind``: "linear" for
-    :class:`~portbench.engine_v1.StepCost`, "shaped" for :class:`ShapedStepCost`); also
-    ``"folds"``: window_id → fold."""
-    if kind not in ("linear", "shaped"):
-        raise ValueError(f"kind must be 'linear' or 'shaped', got {kind!r}")
+    """fold → cost model fitted on the steps of the other folds' windows only (``kind``: one of
+    :data:`COST_KINDS`); also ``"folds"``: window_id → fold."""
+    if kind not in COST_KINDS:
+        raise ValueError(f"kind must be one of {', '.join(map(repr, COST_KINDS))}, got {kind!r}")
     src = runs.groupby("window_id")["source"].first()
     folds = window_folds(src.index.tolist(), src.tolist(), k)
     steps = run_steps(steps)
     fold = steps["window_id"].map(folds)
     if fold.isna().any():
         raise ValueError(f"steps of windows without a run: {sorted(set(steps.loc[fold.isna(), 'window_id']))[:5]}")
-    fit = fit_linear if kind == "linear" else ShapedStepCost.fit
+    fit = COST_KINDS[kind]
     out = {f: fit(steps[fold != f]) for f in range(k)}
     out["folds"] = folds
     return out
@@ -650,7 +899,7 @@ def cross_validated_step_error(steps: pd.DataFrame, runs: pd.DataFrame, *, k: in
     for f in range(k):
         m = fold == f
         pred[m] = predict_step_s(costs[f], steps.loc[m, "prefill_tokens"], steps.loc[m, "decode_seqs"],
-                                 steps.loc[m, "context_tokens"])
+                                 steps.loc[m, "context_tokens"], steps.loc[m, "scheduled_seqs"])
     rel = np.abs(pred - steps["duration_s"].to_numpy()) / steps["duration_s"].to_numpy()
     small = (steps["prefill_tokens"] + steps["decode_seqs"]) <= SMALL_BATCH_TOKENS
     return steps.assign(predicted_s=pred, rel_error=rel, small=small, fold=fold)
@@ -666,14 +915,36 @@ def step_error_table(errors: pd.DataFrame) -> pd.DataFrame:
 
 
 # --- per-request latency with the cross-validated cost, and the stored counterpart ---------------
+def run_speed_factors(steps: pd.DataFrame, runs: pd.DataFrame, *, k: int = 4, kind: str = "rich") -> pd.DataFrame:
+    """Each run's own speed level against the cross-validated cost: the median, over the run's
+    decode-only steps, of its measured step time ÷ the time the cost fitted without its window's
+    fold predicts (1: the run ran at the cost's speed). It reads the run's *own measured steps*, so
+    a counterpart scaled by it (:func:`counterpart_requests` with ``speed_known``) is not a
+    prediction: it separates the host's speed drift between runs from the model's error.
+    Columns: the run's keys and ``speed_factor``."""
+    err = cross_validated_step_error(steps, runs, k=k, kind=kind)
+    dec = err[err["shape"] == "decode only"]
+    ratio = dec["duration_s"] / dec["predicted_s"]
+    return dec.assign(ratio=ratio).groupby(RUN_KEYS)["ratio"].median().rename("speed_factor").reset_index()
+
+
 def counterpart_requests(runs: pd.DataFrame, requests: pd.DataFrame, steps: pd.DataFrame, windows: dict,
-                         *, k: int = 4, kind: str = "shaped", kv_tokens: int = 500_000) -> pd.DataFrame:
+                         *, k: int = 4, kind: str = "rich", kv_tokens: int = 500_000,
+                         speed_known: bool = False) -> pd.DataFrame:
     """Each real run's simulated counterpart, request by request: the ``vllm_v1`` model with the
     cost fitted (``kind``, :func:`cross_validated_costs`) on the windows of the other folds, the
     run's refusal rule on both sides. Columns: the run's keys, ``source``, ``host_flagged``,
     ``request_index``, ``arrival_s``, ``output_tokens``, ``deadline_s``, real ``admit_s, first_token_s,
-    finish_s``, the simulated ``*_sim``, ``refused_real``/``refused_sim`` and ``cost_fold``."""
+    finish_s``, the simulated ``*_sim``, ``refused_real``/``refused_sim``, ``cost_fold`` and
+    ``speed_factor`` (1 unless ``speed_known``).
+
+    ``speed_known``: a separate reading, not the headline — each run's cost is scaled by the run's
+    own speed level (:func:`run_speed_factors`, read from its measured decode steps)."""
     costs = cross_validated_costs(steps, runs, k=k, kind=kind)
+    factors = {}
+    if speed_known:
+        sf = run_speed_factors(steps, runs, k=k, kind=kind)
+        factors = {tuple(r[c] for c in RUN_KEYS): float(r["speed_factor"]) for _, r in sf.iterrows()}
     cache, frames = {}, []
     for _, run in runs.iterrows():
         if run["policy"] not in REAL_COUNTERPARTS:
@@ -681,10 +952,14 @@ def counterpart_requests(runs: pd.DataFrame, requests: pd.DataFrame, steps: pd.D
         fold = costs["folds"][run["window_id"]]
         mml = run.get("max_model_len", None)
         mml = None if mml is None or pd.isna(mml) else float(mml)
-        key = (run["window_id"], run["policy"], float(run["load_factor"]), mml)
+        factor = factors.get(tuple(run[c] for c in RUN_KEYS), 1.0) if speed_known else 1.0
+        if not np.isfinite(factor):
+            factor = 1.0
+        key = (run["window_id"], run["policy"], float(run["load_factor"]), mml, factor)
         if key not in cache:
             w = scale(windows[run["window_id"]], run["load_factor"])
-            cache[key] = simulate_counterpart(w, run["policy"], costs[fold], kv_tokens=kv_tokens, max_model_len=mml)
+            cost = costs[fold] if factor == 1.0 else ScaledStepCost(costs[fold], factor)
+            cache[key] = simulate_counterpart(w, run["policy"], cost, kv_tokens=kv_tokens, max_model_len=mml)
         result, refused = cache[key]
         real = _run_rows(requests, run).sort_values("request_index")
         if len(real) != len(result.arrival_s):
@@ -699,7 +974,7 @@ def counterpart_requests(runs: pd.DataFrame, requests: pd.DataFrame, steps: pd.D
             "finish_s": real["finish_s"].to_numpy(), "admit_s_sim": result.admit_s,
             "first_token_s_sim": result.first_token_s, "finish_s_sim": result.finish_s,
             "refused_real": real["refused"].to_numpy(dtype=bool) if "refused" in real else refused,
-            "refused_sim": refused, "cost_fold": fold}))
+            "refused_sim": refused, "cost_fold": fold, "speed_factor": factor}))
     return pd.concat(frames, ignore_index=True)
 
 
@@ -743,10 +1018,12 @@ def latency_error_table(errors: pd.DataFrame, by: str | None = None) -> pd.DataF
     return pd.DataFrame(rows).set_index("group")
 
 
-def write_counterparts(tag: str = "vllm_cpu_guarded", *, data_dir=None, kind: str = "shaped", k: int = 4):
+def write_counterparts(tag: str = "vllm_cpu_guarded", *, data_dir=None, kind: str = "rich", k: int = 4):
     """Store each real run of case ``tag`` with its simulated counterpart per request
-    (:func:`counterpart_requests`) as ``<tag>_case_sim_requests.parquet`` beside the case's files.
-    Returns the path."""
+    (:func:`counterpart_requests`) as ``<tag>_case_sim_requests.parquet`` beside the case's files;
+    the separate reading at the run's own speed level (``speed_known``) sits beside it as
+    ``admit_s_sim_run_speed``, ``first_token_s_sim_run_speed``, ``finish_s_sim_run_speed`` with the
+    run's ``speed_factor``. Returns the path."""
     from . import store as _store
     from .realengine.study import realengine_dir
 
@@ -755,7 +1032,12 @@ def write_counterparts(tag: str = "vllm_cpu_guarded", *, data_dir=None, kind: st
     requests = pd.read_parquet(d / f"{tag}_case_requests.parquet")
     steps = pd.read_parquet(d / f"{tag}_case_steps.parquet")
     windows = {w.window_id: w for w in _store.load_windows(window_ids=sorted(set(runs["window_id"])))}
-    frame = counterpart_requests(runs, requests, steps, windows, k=k, kind=kind).assign(cost_kind=kind)
+    frame = counterpart_requests(runs, requests, steps, windows, k=k, kind=kind).drop(columns="speed_factor")
+    known = counterpart_requests(runs, requests, steps, windows, k=k, kind=kind, speed_known=True)
+    for c in ("admit_s_sim", "first_token_s_sim", "finish_s_sim"):
+        frame[f"{c}_run_speed"] = known[c].to_numpy()
+    frame["speed_factor"] = known["speed_factor"].to_numpy()
+    frame = frame.assign(cost_kind=kind)
     path = d / f"{tag}_case_sim_requests.parquet"
     _store.atomic_write(path, lambda p: frame.to_parquet(p, index=False))
     return path

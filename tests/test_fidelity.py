@@ -103,3 +103,97 @@ def test_bad_inputs_are_named():
         fidelity.ShapedStepCost({"mixed": (0, 0, 0, 0)}, COST, 0.0)
     with pytest.raises(ValueError, match="kind"):
         fidelity.cross_validated_costs(pd.DataFrame(), pd.DataFrame(), kind="cubic")
+
+
+def _synthetic_steps(coef, n_windows=8, per_window=120, seed=3):
+    """A step log whose durations follow RichStepCost's terms with ``coef`` exactly."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for w in range(n_windows):
+        for k in range(per_window):
+            shape = k % 3
+            prefill = int(rng.integers(16, 600)) if shape != 1 else 0
+            decode = int(rng.integers(1, 100)) if shape != 0 else 0
+            pseqs = int(rng.integers(1, 4)) if prefill else 0
+            rows.append({"window_id": f"toy_w{w}", "policy": "fifo", "repetition": 0, "step": k,
+                         "start_s": k * 0.05, "prefill_tokens": prefill, "decode_seqs": decode,
+                         "context_tokens": int(rng.integers(0, 50_000)), "scheduled_seqs": decode + pseqs,
+                         "running": 1, "waiting": 0})
+    steps = pd.DataFrame(rows)
+    x = fidelity._rich_design(steps["prefill_tokens"], steps["decode_seqs"], steps["context_tokens"],
+                              steps["scheduled_seqs"])
+    shape = fidelity.batch_shape(steps["prefill_tokens"], steps["decode_seqs"])
+    steps["duration_s"] = [x[i] @ np.asarray(coef[s]) for i, s in enumerate(shape)]
+    runs = pd.DataFrame({"window_id": [f"toy_w{w}" for w in range(n_windows)], "source": "toy"})
+    return steps, runs
+
+
+RICH_COEF = {"prefill only": (3e-3, 4e-6, 0.0, 2e-8, 1.5e-8), "decode only": (1.2e-3, 0.0, 8e-5, 1.2e-7, 0.0),
+             "mixed": (3e-3, 7e-6, 2.5e-5, 2e-7, 5e-9)}
+
+
+def test_rich_cost_recovers_known_coefficients():
+    """Steps timed exactly by known per-shape coefficients: the fit gives them back, and the engine
+    hook times a step as ``predict`` does (plus the gap)."""
+    steps, _ = _synthetic_steps(RICH_COEF)
+    cost = fidelity.RichStepCost.fit(steps)
+    for shape, want in RICH_COEF.items():
+        np.testing.assert_allclose(cost.coef[shape], want, rtol=1e-3, atol=1e-12)
+    pred = cost.predict(steps["prefill_tokens"], steps["decode_seqs"], steps["context_tokens"], steps["scheduled_seqs"])
+    np.testing.assert_allclose(pred, steps["duration_s"], rtol=1e-6)
+    row = steps.iloc[5]
+    hook = cost.step_ps(0, 0, int(row["prefill_tokens"]), int(row["decode_seqs"]), int(row["context_tokens"]),
+                        int(row["scheduled_seqs"]))
+    assert abs(hook / PS - cost.gap_s - row["duration_s"]) < 1e-9
+
+
+def test_cross_validation_never_uses_the_test_windows():
+    """Each fold's cost is the same whatever the durations of its own windows' steps: spoiling them
+    (×50) changes no coefficient of that fold's fit, and changes the other folds' fits."""
+    steps, runs = _synthetic_steps(RICH_COEF)
+    clean = fidelity.cross_validated_costs(steps, runs, k=4, kind="rich")
+    for f in range(4):
+        spoiled = steps.copy()
+        mine = spoiled["window_id"].map(clean["folds"]) == f
+        spoiled.loc[mine, "duration_s"] *= 50
+        costs = fidelity.cross_validated_costs(spoiled, runs, k=4, kind="rich")
+        assert costs[f].coef == clean[f].coef
+        assert any(costs[g].coef != clean[g].coef for g in range(4) if g != f)
+    err = fidelity.cross_validated_step_error(steps, runs, k=4, kind="rich")
+    assert err["rel_error"].median() < 1e-6
+
+
+def test_measured_slai_clock_is_the_real_schedulers_moving_average():
+    """The rebuilt step length follows the real scheduler's rule: starts at 1 ms, moves by 0.2 of
+    each busy interval's difference, ignores calls that found nothing running and gaps of 1 s+;
+    and the weight is the scheduler's own (read from its source: it needs vLLM to import)."""
+    import ast
+    import pathlib
+
+    frame = pd.DataFrame({"step": range(5), "start_s": [0.0, 0.011, 0.021, 1.5, 1.51],
+                          "running_before": [0, 1, 0, 1, 1]})
+    got = fidelity.slai_measured_step_s(frame)
+    s1 = 0.001 + 0.2 * (0.011 - 0.001)
+    s4 = s1 + 0.2 * (0.01 - s1)
+    np.testing.assert_allclose(got, [0.001, s1, s1, s1, s4])
+    src = pathlib.Path(fidelity.__file__).parent / "realengine" / "vllm_slai_scheduler.py"
+    tree = ast.parse(src.read_text())
+    ema = [n.value.value for n in ast.walk(tree) if isinstance(n, ast.AnnAssign)
+           and getattr(n.target, "id", "") == "step_ema"]
+    assert ema == [fidelity.SLAI_STEP_EMA]
+
+
+def test_measured_clock_slai_runs_and_scaled_cost_scales():
+    w = _window()
+    model = VllmV1Model(max_num_batched_tokens=512, max_active_sequences=16, max_kv_tokens=20_000,
+                        cost=_linear_as_shaped(COST))
+    plain = sim.simulate(w, make_policy("slai_faithful"), model)
+    measured = sim.simulate(w, fidelity.measured_clock_slai([0.001] * 5), model)
+    assert np.isfinite(measured.finish_s).all() and measured.policy == plain.policy
+    slow = sim.simulate(w, make_policy("fifo"), VllmV1Model(
+        max_num_batched_tokens=512, max_active_sequences=16, max_kv_tokens=20_000,
+        cost=fidelity.ScaledStepCost(_linear_as_shaped(COST), 2.0)))
+    fast = sim.simulate(w, make_policy("fifo"), model)
+    assert slow.duration_s > fast.duration_s
+    with pytest.raises(ValueError, match="slai_clock"):
+        fidelity.replayed_cost_comparison(pd.DataFrame(), pd.DataFrame(), pd.DataFrame(), {}, COST, slai_clock="x")
