@@ -56,8 +56,8 @@ from typing import ClassVar, NamedTuple
 import numba
 import numpy as np
 
-from .sim import (NEVER, Decision, EngineView, Policy, PolicyContractError, RunResult, _read_only,
-                  check_decision, skips_steps)
+from .sim import (NEVER, Decision, EngineView, Policy, PolicyContractError, RunResult, check_decision,
+                  check_in_window, read_only, skips_steps)
 
 PS = 10 ** 12          # picoseconds per second
 _TIMER_MARGIN_PS = 10 ** 6      # a clock timer fires up to a microsecond early (float round-off)
@@ -390,7 +390,7 @@ class _V1Engine:
         st[:, OUT] = window.output_tokens
         st[:, TARGET] = window.input_tokens   # tokens to compute before the next token can be emitted
         st[:, FIRST] = st[:, FINISH] = -1
-        self.decoded = _read_only(st[:, DECODED])     # tokens emitted (the policies' view reads it)
+        self.decoded = read_only(st[:, DECODED])     # tokens emitted (the policies' view reads it)
         self.admit_ps = [-1] * n
         self.free_blocks = model.max_kv_tokens // model.block_size
         self.waiting: list[int] = []
@@ -585,10 +585,7 @@ class _V1Engine:
                 n_pre, n_long = self._running_prefills(n_sched)
                 passed = []             # long requests passed over (v0's leftover waiting requests)
             for i in d.admit:
-                if not (isinstance(i, (int, np.integer)) and 0 <= i < self.n):
-                    raise PolicyContractError(f"policy {self.policy.name!r} admitted {i!r} at step "
-                                              f"{self.step}, which is not a request of the window "
-                                              f"(ids are 0 .. {self.n - 1})")
+                check_in_window(self.policy, self.step, i, self.n)
                 i = int(i)
                 if not self.is_waiting[i]:
                     if i in running or self.st[i, FINISH] >= 0 or self.arrival_ps[i] > self.t_ps:

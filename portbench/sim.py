@@ -162,19 +162,20 @@ class EngineView:
     __slots__ = ("model", "step", "now", "prev_step_start_s", "prev_kv_used", "running",
                  "arrival_s", "deadline_s", "input_tokens", "predicted_output_tokens", "priority",
                  "kv_used", "n_requests", "refused", "_queue_version", "_engine", "_waiting",
-                 "_waiting_of")
+                 "_waiting_of", "_warr", "_warr_of")
 
     def __init__(self, engine: "_Engine"):
         self._engine = engine
         self.model = engine.model
-        self.arrival_s = _read_only(engine.arrival_s)
-        self.deadline_s = _read_only(engine.deadline_s)
-        self.input_tokens = _read_only(engine.input_tokens)
-        self.predicted_output_tokens = _read_only(engine.predicted)
-        self.priority = _read_only(engine.priority)
+        self.arrival_s = read_only(engine.arrival_s)
+        self.deadline_s = read_only(engine.deadline_s)
+        self.input_tokens = read_only(engine.input_tokens)
+        self.predicted_output_tokens = read_only(engine.predicted)
+        self.priority = read_only(engine.priority)
         self.n_requests = engine.n
         self._queue_version = 0         # the length of the engine's log of queue changes
         self._waiting, self._waiting_of = (), 0     # the queue as a tuple, and the version it shows
+        self._warr, self._warr_of = np.zeros(0, dtype=np.int64), 0      # ... as an array
 
     def refresh(self):
         e = self._engine
@@ -199,8 +200,15 @@ class EngineView:
         return self._waiting
 
     def _waiting_array(self) -> np.ndarray:
-        """:attr:`waiting` as an int64 array (for the package's queue code)."""
-        return np.array(self._engine.waiting, dtype=np.int64)
+        """:attr:`waiting` as a read-only int64 array (for the package's queue code), brought up to
+        date from the one of the previous call when the queue only lost requests and gained some at
+        its back (the usual case: converting a long queue afresh at every call costs more)."""
+        v = self._queue_version
+        if self._warr_of != v:
+            e = self._engine
+            arr = _follow_queue(self._warr, e.queue_log[self._warr_of:v], e.waiting)
+            self._warr, self._warr_of = read_only(arr), v
+        return self._warr
 
     @property
     def decoded(self) -> np.ndarray:
@@ -245,11 +253,34 @@ class Policy:
         raise NotImplementedError
 
 
-def _read_only(a: np.ndarray) -> np.ndarray:
+def check_in_window(policy, step: int, i, n: int) -> None:
+    """Raise PolicyContractError unless ``i``, admitted by ``policy`` at ``step``, is a request id
+    of the window (an int in 0 .. n - 1)."""
+    if not (isinstance(i, (int, np.integer)) and 0 <= i < n):
+        raise PolicyContractError(f"policy {policy.name!r} admitted {i!r} at step {step}, which is "
+                                  f"not a request of the window (ids are 0 .. {n - 1})")
+
+
+def read_only(a: np.ndarray) -> np.ndarray:
     """A read-only view of ``a`` (the engine keeps writing through ``a`` itself)."""
     v = a.view()
     v.flags.writeable = False
     return v
+
+
+def _follow_queue(before: np.ndarray, changes: list, waiting: list) -> np.ndarray:
+    """The waiting queue ``waiting`` (a list) as an int64 array, from ``before`` (the array as it
+    was) and the log of ``changes`` since (``i`` joined, ``~i`` left). Without converting the list
+    when the changes are departures from the queue's front and joins that all sit at its back:
+    the requests that did not change keep their relative order, so the queue is then ``before``
+    without its first ones, followed by those that joined."""
+    gone = {~c for c in changes if c < 0}
+    joined = [c for c in changes if c >= 0]
+    g, k, n = len(gone), len(joined), len(waiting)
+    if (n != len(before) - g + k or (k and waiting[n - k:] != joined) or not gone.isdisjoint(joined)
+            or (g and set(before[:g].tolist()) != gone)):
+        return np.array(waiting, dtype=np.int64)
+    return np.concatenate((before[g:], np.array(joined, dtype=np.int64))) if k else before[g:]
 
 
 def skips_steps(policy: Policy, event_skipping: bool) -> bool:
@@ -369,7 +400,7 @@ class _Engine:
         tick, decoded = self._tick, self.decoded
         for i, b in self._base.items():
             decoded[i] = tick - b
-        return _read_only(np.asarray(decoded, dtype=np.int64))
+        return read_only(np.asarray(decoded, dtype=np.int64))
 
     def _first_done(self) -> int | None:
         """The tick at which the first running request emits its last token (None: nothing runs)."""
@@ -514,7 +545,7 @@ class _Engine:
             proposal = np.asarray(proposal)
             # a long proposal: a prompt that does not fit the KV room left now never will in this
             # walk (the room only shrinks), so such requests are refused at once, not walked
-            if len(proposal) and not (0 <= proposal.min() and proposal.max() < n):
+            if not (0 <= proposal.min() and proposal.max() < n):
                 self._out_of_window(proposal)
             fit = self._inp_array[proposal] <= m.max_kv_tokens - self._kv_running
             if not fit.all():
@@ -559,10 +590,7 @@ class _Engine:
     def _out_of_window(self, ids) -> None:
         """Raise PolicyContractError for the first id in ``ids`` that is not a request of the window."""
         for i in ids:
-            if not (isinstance(i, (int, np.integer)) and 0 <= i < self.n):
-                raise PolicyContractError(f"policy {self.policy.name!r} admitted {i!r} at step "
-                                          f"{self.step}, which is not a request of the window "
-                                          f"(ids are 0 .. {self.n - 1})")
+            check_in_window(self.policy, self.step, i, self.n)
 
     def _decode(self, s: int, span: int, hold) -> None:
         """Steps ``s`` .. ``s + span - 1``: every running request not in ``hold`` gains a token a step;

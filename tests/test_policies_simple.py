@@ -123,7 +123,9 @@ def test_llf_ranks_a_long_queue_in_the_exact_key_order():
                            _waiting_array=lambda: np.array(waiting, dtype=np.int64))
     exact = sorted(waiting, key=lambda i: ((float(d[i]) - now) - (0.5 * int(prompts[i]) + 1.0 * int(outputs[i])),
                                            float(d[i]), -float(prio[i]), i))
-    ranked = LeastLaxityFirst().ranked(view)
+    llf = LeastLaxityFirst()
+    llf.reset(view)
+    ranked = llf.ranked(view)
     np.testing.assert_array_equal(np.asarray(ranked), exact)
     assert list(ranked) == exact             # the head first, then the rest: the same order
 

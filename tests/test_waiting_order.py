@@ -109,3 +109,29 @@ def test_incremental_order_equals_a_fresh_sort(seed):
             proposal.append(w.ids[int(rng.integers(len(w.ids)))])
         proposal = list(dict.fromkeys(proposal))
         evictions = [i for i in running if rng.random() < 0.05]
+
+
+def test_the_views_waiting_array_follows_any_queue_change():
+    # The view brings its array of the waiting queue up to date from the engine's log of changes
+    # where it can (departures from the front, joins at the back) and converts the list otherwise:
+    # either way it is the queue as it stands, after any mix of changes.
+    from portbench.sim import _follow_queue
+    rng = np.random.default_rng(11)
+    queue, arr, nxt = [], np.zeros(0, dtype=np.int64), 0
+    for _ in range(3000):
+        log = []
+        for _ in range(int(rng.integers(0, 5))):
+            op = rng.integers(0, 5)
+            if op <= 1 or not queue:                       # an arrival at the back
+                queue.append(nxt), log.append(nxt)
+                nxt += 1
+            elif op == 2:                                  # an admission from the front
+                log.append(~queue.pop(0))
+            elif op == 3:                                  # from anywhere
+                log.append(~queue.pop(int(rng.integers(0, len(queue)))))
+            else:                                          # a request back at the front
+                i = int(rng.integers(0, nxt))
+                if i not in queue:
+                    queue.insert(0, i), log.append(i)
+        arr = _follow_queue(arr, log, queue)
+        assert arr.tolist() == queue

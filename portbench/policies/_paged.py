@@ -177,11 +177,9 @@ class PagedPolicy(Policy):
         bm, inp = self._bm, self._inp
         active, kv = view.n_active, view.kv_used
         admit = []
-        # most walks end within a few requests: those in Python, a long rest in numpy
-        head = queue if len(queue) <= 40 else queue[:8]
-        if isinstance(head, np.ndarray):
-            head = head.tolist()
-        for i in head:
+        if isinstance(queue, np.ndarray):
+            queue = queue.tolist()
+        for i in queue:
             if i in skip:
                 continue
             p = inp[i]
@@ -206,51 +204,4 @@ class PagedPolicy(Policy):
             seqs += 1
             active += 1
             kv += p
-        if len(head) < len(queue):
-            return self._admit_long(view, queue[len(head):], admit, budget=budget, used=used, seqs=seqs,
-                                    active=active, kv=kv, chunked=chunked, extra_tokens=extra_tokens,
-                                    skip=skip, oversize_chunked=oversize_chunked, by_prompt=by_prompt)
-        return Admission(admit, used, None)
-
-    def _admit_long(self, view, queue, admit, *, budget, used, seqs, active, kv, chunked, extra_tokens,
-                    skip, oversize_chunked, by_prompt=False) -> Admission:
-        """:meth:`_admit`'s walk over the rest of a long queue, from the state it has reached (``admit``
-        so far, ``used``, ``seqs``, ``active``, ``kv``), in numpy: between two admissions the state is fixed, so
-        the next event — the first request that closes the walk or fits the engine's limits — is
-        found for the whole rest of the queue at once. The same rules, in the same order."""
-        bm = self._bm
-        m = view.model
-        q = np.asarray(queue, dtype=np.int64)
-        if skip:
-            q = q[~np.isin(q, np.fromiter(skip, dtype=np.int64, count=len(skip)))]
-        p_all = view.input_tokens[q]
-        need_blocks = -(-(p_all + extra_tokens) // bm.block_size)       # blocks(p + extra), p >= 1
-        whole = ~np.full(len(q), chunked) & ~(oversize_chunked & (p_all > budget))
-        pos = 0
-        while pos < len(q):
-            p, nb, w = p_all[pos:], need_blocks[pos:], whole[pos:]
-            close_blocks = bm.free_blocks - nb < bm.watermark_blocks
-            close_seqs = seqs + 1 > self._max_seqs
-            close_budget = np.where(w, used + p > budget, budget - used <= 0)
-            fit = (active + 1 <= m.max_sequences) & (kv + p <= m.max_kv_tokens)
-            event = np.flatnonzero(close_blocks | close_seqs | close_budget | (fit | by_prompt))
-            if not len(event):
-                break
-            j = int(event[0])
-            if close_blocks[j]:
-                return Admission(admit, used, "blocks")
-            if close_seqs:
-                return Admission(admit, used, "seqs")
-            if close_budget[j]:
-                return Admission(admit, used, "budget")
-            if not fit[j]:                      # by_prompt: the first misfit ends the walk
-                return Admission(admit, used, "limits")
-            i, pi = int(q[pos + j]), int(p[j])
-            chunk = pi if w[j] else min(pi, budget - used)
-            self._book(admit, i, pi, chunk, chunked, extra_tokens)
-            used += chunk
-            seqs += 1
-            active += 1
-            kv += pi
-            pos += j + 1
         return Admission(admit, used, None)

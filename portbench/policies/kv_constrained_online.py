@@ -47,46 +47,44 @@ class KvConstrainedOnline(Policy):
         p = view.input_tokens.astype(np.float64)
         o = view.predicted_output_tokens.astype(np.float64)
         self._est = estimate_s(p, o, self.alpha, self.beta, self.estimate_unit_s)
-        self._kv_cost = p + self.KV_COST_OUTPUT_WEIGHT * o
+        self._cost = (p + self.KV_COST_OUTPUT_WEIGHT * o) / np.maximum(view.priority, 1e-9)
+        self._prompt = view.input_tokens.tolist()
 
     def schedule(self, view):
-        now, d, prio = view.now, view.deadline_s, view.priority
+        now, d = view.now, view.deadline_s
         urgent_lax = self.urgent_laxity_seconds
-        w = np.fromiter(view.waiting, dtype=np.int64, count=len(view.waiting))
+        w = view._waiting_array()
         lax = (d[w] - now) - self._est[w]
+        late = lax > urgent_lax
         # key (not urgent, kv_cost / priority, lax, id)
-        order = np.lexsort((w, lax, self._kv_cost[w] / np.maximum(prio[w], 1e-9), lax > urgent_lax))
+        order = np.lexsort((w, lax, self._cost[w], late))
         ranked, urgent = w[order], (lax <= urgent_lax)[order]
-        admitted, capped = self._walk(view, ranked, urgent)
-        # each capped request becomes urgent once (d - now) - est <= urgent_lax
-        wake = float(((d[capped] - self._est[capped]) - urgent_lax).min()) if len(capped) else NEVER
+        admitted, wake = self._walk(view, ranked.tolist(), urgent.tolist())
         return Decision(admit=admitted, wake_at_s=wake)
 
-    def _walk(self, view, ranked, urgent):
+    def _walk(self, view, ranked: list, urgent: list):
         """The admission walk in rank order, skipping what does not fit the hard limits: a request
         is admitted if it keeps ``(kv + P) / max_kv`` under the cap or is urgent; the others that
-        fit are *capped*. Done a segment at a time in numpy (between two admissions the KV in use
-        is fixed). Returns (admitted ids, capped ids)."""
+        fit are *capped*, and each of them becomes urgent once ``(d - now) - est <= urgent_lax``.
+        Returns (admitted ids, the earliest such time or NEVER)."""
         m = view.model
-        p = view.input_tokens
-        max_kv = max(m.max_kv_tokens, 1)
-        active, kv = view.n_active, view.kv_used
-        seq_cap = m.max_sequences
+        p = self._prompt
+        max_kv, room, target = max(m.max_kv_tokens, 1), m.max_kv_tokens, self.target_kv_utilization
+        active, kv, seq_cap = view.n_active, view.kv_used, m.max_sequences
         admitted, capped = [], []
-        pos = 0
-        while pos < len(ranked) and active + 1 <= seq_cap:
-            rest, rest_urgent = ranked[pos:], urgent[pos:]
-            need = kv + p[rest]
-            fit = need <= m.max_kv_tokens
-            ok = fit & ((need / max_kv <= self.target_kv_utilization) | rest_urgent)
-            hits = np.flatnonzero(ok)
-            j = hits[0] if len(hits) else len(rest)
-            capped.append(rest[:j][fit[:j]])        # fit, but stopped by the cap (none of them urgent)
-            if j == len(rest):
+        for i, u in zip(ranked, urgent):
+            if active + 1 > seq_cap:
                 break
-            i = int(rest[j])
-            admitted.append(i)
-            active += 1
-            kv += int(p[i])
-            pos += j + 1
-        return admitted, (np.concatenate(capped) if capped else ranked[:0])
+            need = kv + p[i]
+            if need > room:
+                continue
+            if u or need / max_kv <= target:
+                admitted.append(i)
+                active += 1
+                kv = need
+            else:
+                capped.append(i)
+        if not capped:
+            return admitted, NEVER
+        c = np.array(capped, dtype=np.int64)
+        return admitted, float(((view.deadline_s[c] - self._est[c]) - self.urgent_laxity_seconds).min())

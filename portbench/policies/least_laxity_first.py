@@ -21,11 +21,12 @@ class LeastLaxityFirst(KeyPolicy):
     name = "least_laxity_first"
 
     def __init__(self, alpha: float = ALPHA, beta: float = BETA):
-        self.alpha = alpha
-        self.beta = beta
+        self.alpha, self.beta = alpha, beta
+
+    def reset(self, view):
+        super().reset(view)
+        self._est = estimate(view.input_tokens, view.predicted_output_tokens, self.alpha, self.beta)
 
     def key(self, view, ids):
         d = view.deadline_s[ids]
-        est = estimate(view.input_tokens[ids].astype(float),
-                       view.predicted_output_tokens[ids].astype(float), self.alpha, self.beta)
-        return (d - view.now) - est, d, -view.priority[ids], ids
+        return (d - view.now) - self._est[ids], d, -view.priority[ids], ids
