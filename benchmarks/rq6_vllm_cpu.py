@@ -49,7 +49,8 @@ import pandas as pd
 from portbench import store
 from portbench.realengine import ModelShape
 from portbench.realengine import vllm_backend as backend
-from portbench.realengine.study import CASE_POLICIES, CASE_SOURCES, realengine_dir, run_case, scheduler_time
+from portbench.realengine.study import (CASE_POLICIES, CASE_SOURCES, realengine_dir, reusable_lambda_refs, run_case,
+                                      scheduler_time)
 
 #: A tiny random Llama: a window replays in seconds on two CPU cores.
 SHAPE = ModelShape(n_layers=2, hidden_size=128, n_heads=4, n_kv_heads=4, intermediate_size=256)
@@ -106,24 +107,9 @@ def shared_lambda_refs(args, out) -> dict:
     committed case's λ_ref on purpose, so that only the admission limit changes."""
     if args.lambda_refs_from in (None, "", "none"):
         return {}
-    path = out / f"{args.lambda_refs_from}.json"
-    if not path.exists():
-        print(f"no {path.name}: every λ_ref is searched here", flush=True)
-        return {}
-    meta = json.loads(path.read_text())
-    case = meta.get("case", {})
-    same = {"backend": (meta.get("backend"), "vllm"),
-            "bracket_factor": (case.get("bracket_factor"), args.bracket_factor),
-            "bisection_steps": (case.get("bisection_steps"), args.bisection_steps),
-            "λ policy": (case.get("lambda_policy", "fifo"), args.lambda_policy)}
-    differ = [k for k, (theirs, ours) in same.items() if theirs != ours]
-    if differ:
-        print(f"{path.name} searched λ_ref with other {', '.join(differ)}: every λ_ref is searched here",
-              flush=True)
-        return {}
-    windows = set(case_windows(args))
-    return {wid: {**entry, "from": entry.get("from", args.lambda_refs_from)}
-            for wid, entry in meta.get("lambda_ref_real", {}).items() if wid in windows}
+    return reusable_lambda_refs(out / f"{args.lambda_refs_from}.json", case_windows(args), backend="vllm",
+                                bracket_factor=args.bracket_factor, bisection_steps=args.bisection_steps,
+                                lambda_policy=args.lambda_policy)
 
 
 def plan(args, out, tag, grid, shared: dict | None = None):

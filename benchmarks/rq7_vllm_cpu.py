@@ -55,7 +55,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rq6_vllm_cpu import SHAPE, SMALL_PROFILE, case_arguments, done_line, progress_on_disk  # noqa: E402  (the RQ6 case's model: the same engine)
 
 from portbench import store  # noqa: E402
-from portbench.realengine.study import CASE_SOURCES, case_deltas, realengine_dir, run_case  # noqa: E402
+from portbench.realengine.study import (CASE_SOURCES, case_deltas, realengine_dir, reusable_lambda_refs,  # noqa: E402
+                                      run_case)
 
 POLICIES = ("fifo", "sjf_aging", "vllm_priority")
 BASELINE = "fifo"
@@ -95,24 +96,9 @@ def shared_lambda_refs(args, out) -> dict:
     with the reason printed)."""
     if args.lambda_refs_from in (None, "", "none"):
         return {}
-    path = out / f"{args.lambda_refs_from}.json"
-    if not path.exists():
-        print(f"no {path.name}: every λ_ref is searched here", flush=True)
-        return {}
-    meta = json.loads(path.read_text())
-    case = meta.get("case", {})
-    same = {"backend": (meta.get("backend"), "vllm"),
-            "engine settings": (meta.get("engine_kwargs"), {"shape": repr(SHAPE)}),
-            "bracket_factor": (case.get("bracket_factor"), args.bracket_factor),
-            "bisection_steps": (case.get("bisection_steps"), args.bisection_steps)}
-    differ = [k for k, (theirs, ours) in same.items() if theirs != ours]
-    if differ:
-        print(f"{path.name} searched λ_ref with other {', '.join(differ)}: every λ_ref is searched here",
-              flush=True)
-        return {}
-    windows = set(case_windows(args))
-    return {wid: {**entry, "from": entry.get("from", args.lambda_refs_from)}
-            for wid, entry in meta.get("lambda_ref_real", {}).items() if wid in windows}
+    return reusable_lambda_refs(out / f"{args.lambda_refs_from}.json", case_windows(args), backend="vllm",
+                                engine_kwargs={"shape": repr(SHAPE)}, bracket_factor=args.bracket_factor,
+                                bisection_steps=args.bisection_steps)
 
 
 def plan(args, out, tag, shared: dict):

@@ -471,3 +471,21 @@ def test_step_ratio_is_the_median_real_over_modelled_step_of_the_kept_attempt():
     out = fidelity.step_ratios(steps, cost)
     assert out.to_dict("records") == [{"window_id": "w", "policy": "fifo", "repetition": 0,
                                        "step_ratio": pytest.approx(1.0)}]
+
+
+def test_lambda_refs_are_reused_only_from_a_case_searched_the_same_way(tmp_path, capsys):
+    import json
+    entry = {"lambda": 2.5, "pinned": False, "pinned_side": None, "probes": []}
+    meta = {"backend": "vllm", "case": {"bracket_factor": 8.0, "bisection_steps": 3},
+            "lambda_ref_real": {"w1": entry, "w2": {**entry, "from": "older"}, "w3": entry}}
+    path = tmp_path / "other_case.json"
+    path.write_text(json.dumps(meta))
+    got = study.reusable_lambda_refs(path, ["w1", "w2"], backend="vllm", bracket_factor=8.0,
+                                     bisection_steps=3, lambda_policy="fifo")
+    # only this case's windows, each marked with the case it was found in (FIFO by default)
+    assert got == {"w1": {**entry, "from": "other_case"}, "w2": {**entry, "from": "older"}}
+    assert study.reusable_lambda_refs(path, ["w1"], backend="vllm", bisection_steps=5) == {}
+    assert "bisection_steps" in capsys.readouterr().out
+    assert study.reusable_lambda_refs(path, ["w1"], lambda_policy="vllm_faithful") == {}
+    assert study.reusable_lambda_refs(tmp_path / "none.json", ["w1"], backend="vllm") == {}
+    assert "no none.json" in capsys.readouterr().out

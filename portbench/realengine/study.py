@@ -69,6 +69,27 @@ def realengine_dir(data_dir: Path | None = None) -> Path:
     return Path(data_dir or store.default_data_dir()) / "results" / "realengine"
 
 
+def reusable_lambda_refs(path: Path, windows, **ours) -> dict:
+    """The real-engine λ_ref entries for ``windows`` of the case whose provenance file is ``path``
+    (``<tag>.json``), each marked with the case it came from, when that case searched with the same
+    settings ``ours`` (by name: ``backend`` and ``engine_kwargs`` at the file's top level, the others
+    in its ``case`` section, where ``lambda_policy`` defaults to FIFO as in files written before it
+    was recorded); else ``{}``, with the reason printed."""
+    if not path.exists():
+        print(f"no {path.name}: every λ_ref is searched here", flush=True)
+        return {}
+    meta = json.loads(path.read_text())
+    case = {"lambda_policy": "fifo", **meta.get("case", {})}
+    differ = [k for k, v in ours.items() if (meta.get(k) if k in ("backend", "engine_kwargs") else case.get(k)) != v]
+    if differ:
+        print(f"{path.name} searched λ_ref with other {', '.join(differ)}: every λ_ref is searched here",
+              flush=True)
+        return {}
+    windows = set(windows)
+    return {wid: {**entry, "from": entry.get("from", path.stem)}
+            for wid, entry in meta.get("lambda_ref_real", {}).items() if wid in windows}
+
+
 def find_real_lambda_ref(window: Window, replay, *, lo: float, hi: float, steps: int = 6,
                          policy: str = "fifo", bracket_factor: float = 8.0, max_widenings: int = 3,
                          threshold: float = VIOLATION_THRESHOLD, **kwargs) -> tuple[float, list[dict], bool]:
