@@ -971,9 +971,10 @@ present.figure("comparison_match", fig, output_dir, "comparison_match.png")
 # {glue:text}`rq6_real_engine.ipynb::rq6_original_burstgpt:s` and
 # {glue:text}`rq6_real_engine.ipynb::rq6_original_bailian_qwen:s` on Azure, BurstGPT and Bailian), so
 # there the simulated reversal did not reproduce. Ours reads differently ({doc}`rq6_real_engine`).
-# {glue:text}`rq6_real_engine.ipynb::rq6_conclusion:s` The two real-engine results are therefore not
-# like for like: they differ in hardware and model, and this artifact does not record which admission
-# limits the A100 run gave each policy. In the simulator, the {doc}`fidelity` chapter's ablation finds
+# {glue:text}`rq6_real_engine.ipynb::rq6_conclusion:s` The study's run scripts (in its repository's
+# `scripts/real_vllm/`) gave both policies `--max-model-len 32768` with chunked prefill off, so of our
+# real-engine runs only the study-configuration one compares like for like with the A100 figures, and
+# even it differs in hardware and model. In the simulator, the {doc}`fidelity` chapter's ablation finds
 # the supported `slai_faithful`–`vllm_faithful` reversals at HIGH_PRESSURE going
 # {glue:text}`fidelity.ipynb::fid_hol_went:s` once `vllm_faithful` no longer closes its queue behind a
 # prompt above its 2,560-token budget, a rule the real engine does not have.

@@ -30,7 +30,10 @@ margin = 0.10              # practical-margin threshold of the reversal classifi
 confidence_level = 0.95    # level of the classifier's per-source bootstrap intervals
 rerun_backend = ""         # "vllm" or "transformers": replay the case now (needs that engine)
 rerun_windows_per_source = 2  # windows per source of such a replay
-real_engine_runs = ["vllm_cpu_guarded_case", "vllm_cpu_case"]  # real-engine case runs to read, headline first
+real_engine_runs = ["vllm_cpu_guarded_case", "vllm_cpu_equal_case", "vllm_cpu_study_case",
+                    "vllm_cpu_case"]  # real-engine case runs to read, headline first
+equal_limits_run = "vllm_cpu_equal_case"  # of those, the run with the same max_model_len for both policies ("": none)
+study_config_run = "vllm_cpu_study_case"  # of those, the run with the study's real-system configuration ("": none)
 exclude_host_flagged = False  # leave out runs whose host probes drifted on every attempt (see the fidelity chapter)
 
 # %% [markdown]
@@ -42,6 +45,20 @@ exclude_host_flagged = False  # leave out runs whose host probes drifted on ever
 # window (FIFO's 0.5% violation knee on that engine), and each window is compressed to 1.5 × λ_ref and
 # replayed in real time under both policies. No engine is needed to build the book: this chapter
 # re-analyses whatever runs are committed.
+#
+# The case is run in three engine configurations (`benchmarks/rq6_vllm_cpu.py --config`), because
+# vLLM v1 without chunked prefill caps `max_model_len` at the token budget and so refuses long
+# requests under `vllm_faithful` (2,560-token budget) that `slai_faithful` accepts:
+#
+# - `vllm_cpu_guarded_case` (`--config policy`): each policy with its own limit, `vllm_faithful`
+#   2,560 and `slai_faithful` 32,768, so the two refuse different requests;
+# - `vllm_cpu_equal_case` (`--config equal`): the same windows and λ_ref, with 2,560 for both, so
+#   both refuse the same requests and only scheduling differs;
+# - `vllm_cpu_study_case` (`--config study`): the study's real-system configuration as far as it
+#   carries to a CPU host and a tiny model — both policies at `max_model_len` 32,768 with chunked
+#   prefill off (vLLM then raises the token budget to 32,768), at most 32 requests in flight (its
+#   load generator's 32 client threads), λ_ref searched with `vllm_faithful` as the study did (its
+#   repository's `configs/real_vllm/` manifest and `scripts/real_vllm/` run scripts); fewer windows.
 
 # %%
 import json
@@ -53,7 +70,7 @@ import pandas as pd
 from IPython.display import Markdown, display
 from myst_nb import glue
 
-from portbench import present, stats
+from portbench import present, stats, store
 from portbench.book import pair_label, source_label
 from portbench.campaign import load_results
 from portbench.realengine import study
@@ -360,8 +377,73 @@ if mml.notna().all() and mml.nunique() > 1:
                      f"its share of requests not refused ({present.num(row['not_refused'], 3)}): every request "
                      f"it lost there was refused, not scheduled late, so this verdict does not separate "
                      f"scheduling from refusal.")
-sentence += (" The verdict rests on a CPU host and a tiny random-weight model, not on the GPU and model "
-             "of the original study.")
+
+
+def case_file(tag: str) -> dict:
+    path = realengine_dir() / f"{tag}.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def limits_reading(tag: str, what: str) -> str:
+    """One sentence on run ``tag`` (``what``: how its limits were set): its per-source difference,
+    the classifier's verdict on the case and the control, what it refused, and its host against the
+    headline run's."""
+    if not tag:
+        return ""
+    if tag not in real:
+        raise ValueError(f"{tag!r} is not among real_engine_runs ({', '.join(real)})")
+    runs = case_runs(realengine_dir() / f"{tag}_runs.parquet")
+    d = deltas[deltas["engine"] == tag].set_index("source")
+    g = verdict[verdict["engine"] == tag]
+    case, control = pick(g, case_sources), pick(g, control_sources)
+    refused = runs.groupby("source")["n_refused"].mean()
+    same_refusals = runs.groupby(["window_id", "repetition"])["n_refused"].nunique().eq(1).all()
+    n_requests = pd.read_parquet(realengine_dir() / f"{tag}_requests.parquet").groupby(
+        [k for k in ("window_id", "policy", "repetition") if k in runs]).size().median()
+    refusals = ("nothing refused" if not refused.any() else
+                ("both refusing the same requests: " if same_refusals else "refusing ")
+                + present.join([f"{present.num(refused[s_], 1)} on {source_label(s_)}" for s_ in order
+                                if s_ in refused.index])
+                + f" per run of {present.num(n_requests, 0)}")
+    device = case_file(tag).get("environment", {}).get("device", "")
+    head_device = case_file(head_tag).get("environment", {}).get("device", "")
+    host = ""
+    if device and device != head_device:
+        ratio = runs["probe_ref_s"].median() / head["probe_ref_s"].median()
+        host = (f"; on another host, {device.removeprefix('cpu (').removesuffix(')')}, whose fixed probe "
+                f"took {present.num(ratio, 2)}× the headline host's")
+    text = (f" {what} ({tag}: {runs['window_id'].nunique()} windows, {len(runs)} runs, {refusals}{host}), "
+            f"{policy_a} − {policy_b} is "
+            + present.join([f"{present.signed(d.loc[s_, 'delta'], 3)} on {source_label(s_)}"
+                            for s_ in order if s_ in d.index])
+            + (f"; the classifier calls the case {present.label(case.iloc[0]['cls'])}" if len(case) else "")
+            + (f" and the control {present.label(control.iloc[0]['cls'])}" if len(control) else "")
+            + ".")
+    return text
+
+
+def engine_setting(tag: str, key: str):
+    return case_file(tag).get("engine_kwargs", {}).get(key) if tag else None
+
+
+equal_mml = engine_setting(equal_limits_run, "max_model_len")
+sentence += limits_reading(equal_limits_run, f"With the same admission limit for both, max_model_len "
+                                             f"{present.num(float(equal_mml), 0) if equal_mml else '?'}")
+study_mml = engine_setting(study_config_run, "max_model_len")
+study_inflight = engine_setting(study_config_run, "max_in_flight")
+if study_config_run:
+    sentence += limits_reading(study_config_run,
+                               f"In the study's real-system configuration, max_model_len "
+                               f"{present.num(float(study_mml), 0) if study_mml else '?'} and whole-prompt "
+                               f"admission for both and at most {study_inflight or '?'} requests in flight "
+                               f"as its load generator had")
+    longest = max(int((w.input_tokens + w.output_tokens).max()) for w in store.load_windows())
+    sentence += (f" The study's own A100 verdict was measured in that configuration: both policies at the "
+                 f"same limit, {present.num(float(study_mml), 0) if study_mml else '?'} tokens, which no request "
+                 f"of the {len(store.load_windows())} windows exceeds (the longest has "
+                 f"{present.num(longest, 0)}), so nothing was refused for its length.")
+sentence += (" Every verdict here rests on a CPU host and a tiny random-weight model, not on the GPU and "
+             "model of the original study.")
 glue("rq6_conclusion", sentence, display=False)
 
 # %% [markdown]
