@@ -66,8 +66,11 @@ campaign: $(STAMP)
 	$(BIN)/portbench campaign
 
 # The RQ6 case on vLLM on this CPU (about an hour): data/results/realengine/vllm_cpu_*
+# RQ6_CONFIG=policy (each policy's own admission limit), equal (the same limit) or study (the
+# study's real-system configuration); see benchmarks/rq6_vllm_cpu.py
+RQ6_CONFIG ?= policy
 rq6-vllm: $(VLLM_STAMP)
-	$(VLLM_VENV)/bin/python benchmarks/rq6_vllm_cpu.py
+	$(VLLM_VENV)/bin/python benchmarks/rq6_vllm_cpu.py --config $(RQ6_CONFIG)
 
 clean-venv:
 	rm -rf $(VENV) $(VLLM_VENV)
