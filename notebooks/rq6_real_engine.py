@@ -81,6 +81,10 @@ if rerun_backend:
     run_case(rerun_backend, n_per_source=int(rerun_windows_per_source), tag=f"{rerun_backend}_rerun")
 sim_table = pd.read_parquet(results_path) if results_path else load_results(engine_model)
 wanted = list(real_engine_runs) + ([f"{rerun_backend}_rerun"] if rerun_backend else [])
+for name, tag in (("equal_limits_run", equal_limits_run), ("study_config_run", study_config_run)):
+    if tag and tag not in wanted:
+        raise ValueError(f"{name}: {tag!r} is not among real_engine_runs ({', '.join(wanted)}); name one "
+                         f"of them, or set {name} to empty")
 run_files = [realengine_dir() / f"{tag}_runs.parquet" for tag in wanted]
 missing = [f.name for f in run_files if not f.exists()]
 if missing:
@@ -390,8 +394,6 @@ def limits_reading(tag: str, what: str) -> str:
     headline run's."""
     if not tag:
         return ""
-    if tag not in real:
-        raise ValueError(f"{tag!r} is not among real_engine_runs ({', '.join(real)})")
     runs = case_runs(realengine_dir() / f"{tag}_runs.parquet")
     d = deltas[deltas["engine"] == tag].set_index("source")
     g = verdict[verdict["engine"] == tag]
