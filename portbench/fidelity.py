@@ -539,7 +539,9 @@ DISAGREEMENT_CLASSES = {
                        "with at most one token left to compute as a decode, so a prompt's last one-token "
                        "chunk gets a decode's fresh LST and is held like a non-critical decode when "
                        "admissions take the budget; the model's SLAI finishes the prompt as an in-flight "
-                       "prefill chunk, before admissions (read from both steps' batches)",
+                       "prefill chunk, before admissions (read from both steps' batches; where the "
+                       "real step log lacks them, inferred: the model ran one more request, a one-token "
+                       "chunk completing its prompt, with the same prefill tokens and decodes)",
     ID_TIE: "the batches differ only by requests of the same prompt length and the same arrival: the "
             "real engine's priority queue breaks the tie by the request id as text (the port's ids "
             "r<k>-<index>-<hex>, so index 10 comes before 9), the model by the index (read from both "
@@ -578,10 +580,22 @@ def raced(k: int, real_visible, sim_visible, served) -> np.ndarray:
 
 def _batch_rule(k: int, policy: str, real: pd.DataFrame, sim: pd.DataFrame, arrival_s, input_tokens) -> str:
     """:data:`LAST_PROMPT_TOKEN` or :data:`ID_TIE` where step ``k``'s logged batches show it, else ""."""
-    if input_tokens is None or "batch" not in real or "batch" not in sim:
+    if input_tokens is None or "batch" not in sim or sim["batch"].iloc[k] is None:
         return ""
-    rb, sb = real["batch"].iloc[k], sim["batch"].iloc[k]
-    if rb is None or sb is None:
+    sb = sim["batch"].iloc[k]
+    rb = real["batch"].iloc[k] if "batch" in real else None
+    if rb is None:
+        # only the model's batch is known (a step log without ``scheduled``): the model ran one more
+        # request, a one-token chunk that completes its prompt, and otherwise the same counts
+        if policy != "slai_faithful":
+            return ""
+        counts = [(int(real[f].iloc[k]), int(sim[f].iloc[k])) for f in STEP_FIELDS]
+        if counts[0][1] != counts[0][0] + 1 or counts[1][0] != counts[1][1] or counts[2][0] != counts[2][1]:
+            return ""
+        inp = np.asarray(input_tokens)
+        for i, n in sb.items():
+            if n == 1 and sum(b.get(i, 0) for b in sim["batch"].iloc[:k]) == int(inp[i]) - 1:
+                return LAST_PROMPT_TOKEN
         return ""
     diff = [i for i in set(rb) | set(sb) if rb.get(i, 0) != sb.get(i, 0) and isinstance(i, (int, np.integer))]
     if not diff:

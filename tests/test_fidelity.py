@@ -321,3 +321,16 @@ def test_the_rules_the_batches_show_are_named():
               sim_visible=np.zeros(11, dtype=int))
     assert fidelity.classify_episode(0, "slai_faithful", tie_real, tie_sim, input_tokens=prompts, **kw) == fidelity.ID_TIE
     assert fidelity.classify_episode(0, "slai_faithful", tie_real, tie_sim, **kw) == fidelity.SAME_SHAPE
+
+
+def test_the_last_prompt_token_is_inferred_without_the_real_batches():
+    """Without the real batches (an older step log), the model's own batch shows the rule: one more
+    request, a one-token chunk completing its prompt, the same prefill tokens and decodes."""
+    real = pd.DataFrame({"start_s": [0.0, 0.01, 0.02], "end_s": [0.009, 0.019, 0.029],
+                         "scheduled_seqs": [1, 1, 1], "prefill_tokens": [512, 512, 512], "decode_seqs": [0, 0, 0]})
+    sim_ = real.assign(scheduled_seqs=[1, 1, 2], batch=[{0: 512}, {0: 512}, {0: 1, 1: 511}])
+    kw = dict(input_tokens=[1025, 600], arrival_s=[0.0, 0.015], served=[True, True],
+              real_visible=[0, 2], sim_visible=[0, 2])
+    assert fidelity.classify_episode(2, "slai_faithful", real, sim_, **kw) == fidelity.LAST_PROMPT_TOKEN
+    kw["input_tokens"] = [1500, 600]
+    assert fidelity.classify_episode(2, "slai_faithful", real, sim_, **kw) == fidelity.OTHER
