@@ -1,6 +1,14 @@
 """Fidelity of the vllm_v1 model against the committed real-engine runs (no engine is run):
 
     python benchmarks/fidelity_report.py [--tag vllm_cpu_guarded] [--rq7-tag vllm_cpu_rq7] [--write]
+    python benchmarks/fidelity_report.py --tag vllm_cpu_equal     # the equal-limits case
+
+``--tag`` names the case (default the guarded case, the headline; ``vllm_cpu_equal`` or
+``vllm_cpu_equal_case``: the same RQ6 case with max_model_len 2,560 for both policies, each step's
+batch and each request's submission logged). Every run is replayed as it ran (its max_model_len);
+where the case logged each step's batch, each step's exact set of requests and tokens is compared
+as well as the counts, the race class is read from each request's ``submit_step``, and a second
+replay gives each request the arrival that makes the model first see it at its real submission step.
 
 Prints the replayed-cost schedule agreement (steps and requests, each disagreement's class), the
 step cost's error cross-validated by window (linear, per-shape and rich), the per-request latency errors
@@ -10,19 +18,17 @@ counterpart per request (``<tag>_case_sim_requests.parquet``).
 """
 
 import argparse
-import json
 import time
 
 import pandas as pd
 
 from portbench import fidelity, store
-from portbench.engine_v1 import StepCost
 from portbench.realengine.study import realengine_dir
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tag", default="vllm_cpu_guarded")
+    ap.add_argument("--tag", default=fidelity.GUARDED_TAG, help="the real-engine case (default: the guarded one)")
     ap.add_argument("--rq7-tag", default="vllm_cpu_rq7")
     ap.add_argument("--folds", type=int, default=4)
     ap.add_argument("--n-resamples", type=int, default=2000)
@@ -31,18 +37,26 @@ def main():
     pd.set_option("display.width", 200)
     t0 = time.perf_counter()
     d = realengine_dir()
-    runs = pd.read_parquet(d / f"{args.tag}_case_runs.parquet")
-    requests = pd.read_parquet(d / f"{args.tag}_case_requests.parquet")
-    steps = pd.read_parquet(d / f"{args.tag}_case_steps.parquet")
-    windows = {w.window_id: w for w in store.load_windows(window_ids=sorted(set(runs["window_id"])))}
-    profile_cost = StepCost(**json.loads((d / f"{args.tag}_cost.json").read_text())["cost"])
+    case = fidelity.load_case(args.tag)
+    args.tag = case["tag"]
+    runs, requests, steps, windows = case["runs"], case["requests"], case["steps"], case["windows"]
+    profile_cost = case["profile_cost"]
+    mml = runs.groupby("policy")["max_model_len"].agg(lambda v: sorted(set(v.dropna().astype(int))))
+    print(f"case {args.tag}: {len(runs)} runs; max_model_len by policy {mml.to_dict()}; fallback step cost "
+          f"from {case['cost_tag']}_cost.json")
 
-    for clock in ("fixed", "measured"):
-        st, rq, _ = fidelity.replayed_cost_comparison(runs, requests, steps, windows, profile_cost, slai_clock=clock)
-        print(f"1. replayed-cost schedule agreement, slai_faithful's Θ clock {clock!r} (share of steps / of "
-              "served requests identical; classes as shares of all rows)")
+    replays = [("fixed", "trace"), ("measured", "trace")]
+    if "submit_step" in requests:
+        replays.append(("measured", "submitted"))
+    for clock, arrivals in replays:
+        st, rq, _ = fidelity.replayed_cost_comparison(runs, requests, steps, windows, profile_cost,
+                                                      slai_clock=clock, arrivals=arrivals)
+        print(f"1. replayed-cost schedule agreement, slai_faithful's Θ clock {clock!r}, arrivals {arrivals!r} "
+              "(share of steps / of served requests identical; classes as shares of all rows)")
         print("steps:\n" + fidelity.agreement_table(st).round(4).to_string(index=False))
         print("requests:\n" + fidelity.agreement_table(rq).round(4).to_string(index=False))
+        print("classes (episodes of consecutive disagreeing steps, their steps, the requests they name):\n"
+              + fidelity.class_counts(st, rq).to_string())
 
     print(f"\n2. step cost, cross-validated by window ({args.folds} folds): relative error")
     for kind in ("linear", "shaped", "rich"):

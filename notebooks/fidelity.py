@@ -26,6 +26,7 @@ output_dir = "book/figures"  # where figures are written
 calibrated_engine_model = "vllm_v1"  # engine model re-run and compared with the base
 real_engine_tag = "vllm_cpu_guarded"  # guarded real-engine case: its step profile, refitted cost and runs
 rq7_tag = "vllm_cpu_rq7"   # RQ7's guarded real-engine case: the second, independent check
+equal_tag = "vllm_cpu_equal"  # the same case with equal max_model_len, each step's batch logged ("" to skip)
 unguarded_tag = "vllm_cpu"  # the earlier run without host guard, re-examined with the refit ("" to skip)
 slow_step_ratio = 1.8      # a run whose real steps take this many times the cost model's (median) is host-slow
 
@@ -579,6 +580,154 @@ else:                                   # no RQ7 case: the finding's sentence re
     glue("fid_rq7_n_runs", 0, display=False)
 
 # %% [markdown]
+# ## The equal-limits case, with each step's batch logged
+#
+# The guarded case gave the two policies different admission limits (`max_model_len` 2,560 for
+# `vllm_faithful`, which vLLM requires without chunked prefill, and 32,768 for `slai_faithful`). The
+# equal-limits case (`equal_tag`) runs the same RQ6 case — the same windows, λ_ref, repetitions and
+# host guard — with `max_model_len` 2,560 for both, so both refuse the same requests and what
+# differs between them is scheduling. It also logs what the guarded case could only infer: the
+# requests each step ran, with their tokens, and, per request, the serving loop's step count when it
+# was submitted (`submit_step`, the first step that could schedule it).
+#
+# Each run is replayed as above, with its own step times and its `max_model_len`, and compared step
+# by step on the counts *and* the exact batch (the same requests with the same tokens); a request
+# that reached the two engines at different steps is read from `submit_step` rather than inferred.
+# A second replay gives each request the arrival that makes the model first see it at its real
+# submission step: the serving loop's clock read, a property of the port rather than of vLLM's
+# scheduler, moved into the replay's configuration.
+
+# %%
+equal_case = (fidelity.load_case(equal_tag)
+              if equal_tag and real_file(equal_tag, "case_runs.parquet").exists() else None)
+equal_classes = {}
+if equal_case is not None:
+    e_runs, e_requests, e_steps, e_windows = (equal_case[k] for k in ("runs", "requests", "steps", "windows"))
+    glue("fid_equal_n_runs", int(len(e_runs)), display=False)
+    glue("fid_equal_max_model_len", int(e_runs["max_model_len"].max()), display=False)
+    refused = e_runs.groupby(["source", "policy"])["n_refused"].mean().unstack()
+    glue("fid_equal_refused_same", "the same requests" if (refused.nunique(axis=1) == 1).all()
+         else "different requests", display=False)
+    glue("fid_equal_refused_text", present.join([f"{present.num(v, 1)} on {source_label(src)}"
+                                                 for src, v in refused.iloc[:, 0].items()]), display=False)
+    replays = {}
+    for arrivals in ("trace", "submitted"):
+        st_, rq_, _ = fidelity.replayed_cost_comparison(e_runs, e_requests, e_steps, e_windows, cost,
+                                                        slai_clock="measured", arrivals=arrivals)
+        replays[arrivals] = (st_, rq_)
+    tables = {}
+    for arrivals, (st_, rq_) in replays.items():
+        suffix = "" if arrivals == "trace" else "_submitted"
+        sa, ra = fidelity.agreement_table(st_), fidelity.agreement_table(rq_)
+        glue(f"fid_equal_replay_step_agreement{suffix}", float(sa.loc[0, "agree"]), display=False)
+        glue(f"fid_equal_replay_step_agreement_counts{suffix}", float(sa.loc[0, "agree, counts only"]),
+             display=False)
+        glue(f"fid_equal_replay_request_agreement{suffix}", float(ra.loc[0, "agree"]), display=False)
+        for _, row in sa.iloc[1:].iterrows():
+            glue(f"fid_equal_replay_step_agreement{suffix}_{row['group']}", float(row["agree"]), display=False)
+        for _, row in ra.iloc[1:].iterrows():
+            glue(f"fid_equal_replay_request_agreement{suffix}_{row['group']}", float(row["agree"]), display=False)
+        counts = fidelity.class_counts(st_, rq_)
+        equal_classes[arrivals] = counts
+        for c, row in counts.iterrows():
+            key = {fidelity.RACE: "race", fidelity.SLAI_CLOCK: "slai_clock", fidelity.LENGTH: "length",
+                   fidelity.LAST_PROMPT_TOKEN: "last_prompt_token", fidelity.ID_TIE: "id_tie",
+                   fidelity.SAME_SHAPE: "same_shape", fidelity.DOWNSTREAM: "downstream",
+                   fidelity.OTHER: "unexplained"}[c]
+            glue(f"fid_equal_{key}_episodes{suffix}", int(row["episodes"]), display=False)
+            glue(f"fid_equal_{key}_steps{suffix}", int(row["steps"]), display=False)
+            glue(f"fid_equal_{key}_requests{suffix}", int(row["requests"]), display=False)
+        glue(f"fid_equal_classes_text{suffix}",
+             present.join([f"{present.count(int(r['episodes']), 'episode')} of “{c}” "
+                           f"({present.count(int(r['requests']), 'request')} named)"
+                           for c, r in counts.iterrows() if r["episodes"] or r["requests"]]), display=False)
+        both = pd.concat({"steps": sa.set_index("group"), "requests": ra.set_index("group")})
+        tables[arrivals] = both
+    shown = pd.concat(tables, names=["arrivals in the replay", "compared", "policy"])
+    shown = ((shown.drop(columns="n") * 100).rename(columns=lambda c: f"{c} (%)").join(shown["n"].rename("rows")))
+    display(present.table(shown.rename(index={"all": "all policies", "trace": "the trace's",
+                                              "submitted": "at the real submission step"}), digits=2))
+    classes_shown = pd.concat(equal_classes, axis=1)
+    classes_shown.columns = [f"{'trace' if a == 'trace' else 'submitted'} arrivals, {m}" for a, m in classes_shown.columns]
+    display(present.table(classes_shown, digits=0))
+else:                                   # no equal-limits case: the prose reads "nan" and 0
+    for name in ("replay_step_agreement", "replay_step_agreement_counts", "replay_request_agreement",
+                 "replay_step_agreement_submitted", "replay_request_agreement_submitted",
+                 "replay_step_agreement_submitted_vllm_faithful", "replay_request_agreement_submitted_vllm_faithful",
+                 *(f"{m}_{q}_rel_error" for m in ("e2e", "ttft", "tbt") for q in ("median", "p90"))):
+        glue(f"fid_equal_{name}", float("nan"), display=False)
+    for name in ("n_runs", "max_model_len", "last_prompt_token_episodes_submitted", "id_tie_episodes_submitted"):
+        glue(f"fid_equal_{name}", 0, display=False)
+    for name in ("refused_same", "refused_text", "classes_text", "classes_text_submitted"):
+        glue(f"fid_equal_{name}", "n/a", display=False)
+
+# %% [markdown]
+# Per request, the equal-limits case's runs against their counterparts with the cross-validated rich
+# cost, as above (stored per request in `vllm_cpu_equal_case_sim_requests.parquet`). Relative error
+# |model − real| ÷ real:
+
+# %%
+if equal_case is not None:
+    e_counterpart = fidelity.counterpart_requests(e_runs, e_requests, e_steps, e_windows)
+    e_latency = fidelity.latency_errors(e_counterpart)
+    e_overall = fidelity.latency_error_table(e_latency).iloc[0]
+    for m, key in (("end-to-end", "e2e"), ("TTFT", "ttft"), ("TBT", "tbt")):
+        glue(f"fid_equal_{key}_median_rel_error", float(e_overall[f"{m} median"]), display=False)
+        glue(f"fid_equal_{key}_p90_rel_error", float(e_overall[f"{m} p90"]), display=False)
+    e_by_source = fidelity.latency_error_table(e_latency, "source")
+    for src, row in e_by_source.iterrows():
+        glue(f"fid_equal_e2e_median_rel_error_{src}", float(row["end-to-end median"]), display=False)
+    e_group = pd.concat([fidelity.latency_error_table(e_latency).rename(index={"all": "every run"}),
+                         fidelity.latency_error_table(e_latency[~e_latency["host_flagged"]])
+                         .rename(index={"all": "probe guard accepted"}),
+                         e_by_source, fidelity.latency_error_table(e_latency, "policy")])
+    e_group.index = [present.label(g) for g in e_group.index]
+    e_pairs = fidelity.latency_error_table(e_latency.assign(
+        group=[f"{source_label(a)}, {b}" for a, b in zip(e_latency["source"], e_latency["policy"])]), "group")
+    e_group = pd.concat([e_group, e_pairs])
+    e_group.index.name = "runs"
+    display(present.table((e_group * 100).rename(columns=lambda c: f"{c} (%)"), digits=1))
+
+# %% [markdown]
+# **What the equal-limits case shows.** Both policies refuse {glue:text}`fid_equal_refused_same:s`
+# (prompt and output above {glue:text}`fid_equal_max_model_len:d` tokens; per run, on average
+# {glue:text}`fid_equal_refused_text:s`). Replayed with each run's own step times and its
+# `max_model_len`, the model runs {glue:text}`fid_equal_replay_step_agreement:.2%` of the steps of the
+# {glue:text}`fid_equal_n_runs:d` runs exactly as the real engine did — the same requests with the
+# same tokens ({glue:text}`fid_equal_replay_step_agreement_counts:.2%` by the counts alone) — and
+# treats {glue:text}`fid_equal_replay_request_agreement:.2%` of the served requests identically
+# (admission, first token and finish at the same step; the goal is 99% of each). The episodes that
+# start a disagreement: {glue:text}`fid_equal_classes_text:s`. With each request given to the model at
+# the step the real loop submitted it, {glue:text}`fid_equal_replay_step_agreement_submitted:.2%` of
+# the steps and {glue:text}`fid_equal_replay_request_agreement_submitted:.2%` of the requests agree
+# (`vllm_faithful`: {glue:text}`fid_equal_replay_step_agreement_submitted_vllm_faithful:.2%` and
+# {glue:text}`fid_equal_replay_request_agreement_submitted_vllm_faithful:.2%`); what remains:
+# {glue:text}`fid_equal_classes_text_submitted:s`.
+#
+# The two named rules are not the model's scheduling but two details of how SLAI was put on vLLM:
+#
+# - *SLAI holds a prompt's last token* ({glue:text}`fid_equal_last_prompt_token_episodes_submitted:d`
+#   episodes): the port's SLAI scheduler (`portbench/realengine/vllm_slai_scheduler.py`) counts a
+#   running request with at most one token left to compute as a decode, so a prompt whose last chunk
+#   is one token gets a decode's LST and is held while admissions take the budget; the study's SLAI
+#   finishes the prompt first. Proposed fix, for new runs: count a request as decoding once its
+#   prompt is computed (`num_computed_tokens >= num_prompt_tokens`).
+# - *A tie broken by the request id's text* ({glue:text}`fid_equal_id_tie_episodes_submitted:d`
+#   episodes): vLLM's priority queue orders requests by (priority, arrival time, request id), and the
+#   id is text (`r<k>-<index>-<hex>`), so of two requests with the same prompt length and arrival,
+#   index 10 is admitted before index 9; the model ranks them by index. Proposed fix: the port names
+#   requests so that text order is index order (a zero-padded index).
+#
+# Per request, with the cross-validated rich cost, the end-to-end latency error is
+# {glue:text}`fid_equal_e2e_median_rel_error:.0%` at the median and
+# {glue:text}`fid_equal_e2e_p90_rel_error:.0%` at p90, TTFT's
+# {glue:text}`fid_equal_ttft_median_rel_error:.0%` (p90 {glue:text}`fid_equal_ttft_p90_rel_error:.0%`)
+# and the time between tokens' {glue:text}`fid_equal_tbt_median_rel_error:.0%` (p90
+# {glue:text}`fid_equal_tbt_p90_rel_error:.0%`). Given the real step times, the model reproduces the
+# schedule almost step for step, so this per-request error is the step cost's and the host's speed's,
+# carried through the schedule, rather than a scheduling rule's.
+
+# %% [markdown]
 # ## 3. The head-of-line ablation (HIGH_PRESSURE)
 #
 # The ablation runs in the study's simulator (`lssp`) at HIGH_PRESSURE, each window compressed to
@@ -672,7 +821,14 @@ glue("fid_calibrated_slai_vllm", headline_count("reversals_supported_slai_vllm",
 # **As simulator builders measure it**, on the guarded case: replayed with each real run's own step
 # times, the model schedules {glue:text}`fid_replay_step_agreement:.1%` of the steps and
 # {glue:text}`fid_replay_request_agreement:.1%` of the requests exactly as the real engine did (the
-# goal is 99%; the disagreements are classed in the table above). Its step cost, cross-validated by
+# goal is 99%; the disagreements are classed in the table above). On the equal-limits case, whose
+# logs hold each step's batch and each request's submission, it runs
+# {glue:text}`fid_equal_replay_step_agreement:.1%` of the steps with exactly the real batch and treats
+# {glue:text}`fid_equal_replay_request_agreement:.1%` of the requests identically
+# ({glue:text}`fid_equal_replay_step_agreement_submitted:.1%` and
+# {glue:text}`fid_equal_replay_request_agreement_submitted:.1%` with each request given at its real
+# submission step), with an end-to-end error of {glue:text}`fid_equal_e2e_median_rel_error:.0%` at
+# the median and {glue:text}`fid_equal_e2e_p90_rel_error:.0%` at p90. Its step cost, cross-validated by
 # window, is off by a median {glue:text}`fid_cv_step_error_rich_small:.0%` on the small batches the
 # case runs (the linear model: {glue:text}`fid_cv_step_error_linear_small:.0%`; per shape
 # {glue:text}`fid_cv_step_error_rich_prefill_only:.0%` prefill only,

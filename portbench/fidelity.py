@@ -124,12 +124,15 @@ def real_refused(window, max_model_len) -> np.ndarray:
 
 
 def simulate_counterpart(window, policy: str, cost, *, kv_tokens: int = 500_000,
-                         max_model_len=None, policy_obj=None):
+                         max_model_len=None, policy_obj=None, on_engine=None):
     """The ``vllm_v1`` counterpart of a real run of ``policy`` on ``window`` (already scaled), with the
     real engine's refusal rule: the requests of :func:`real_refused` are taken out of the window
     before simulating and come back as never served (NaN times). ``max_model_len``: the real run's
     (default: :data:`REAL_COUNTERPARTS`); ``policy_obj``: a policy object to run in place of
-    ``make_policy(policy, ...)`` (the same policy, instrumented: :class:`MeasuredClockSlai`).
+    ``make_policy(policy, ...)`` (the same policy, instrumented: :class:`MeasuredClockSlai`);
+    ``on_engine(engine, index)``: called with the engine before it runs and ``index`` (the engine's
+    request id → the window's request index), as :class:`ReplayedStepTimes` needs to log batches
+    (the run is :func:`portbench.sim.simulate`'s, step for step).
     Returns ``(RunResult, refused mask)``.
     """
     import dataclasses
@@ -144,12 +147,21 @@ def simulate_counterpart(window, policy: str, cost, *, kv_tokens: int = 500_000,
                         max_kv_tokens=kv_tokens, cost=cost)
     if policy_obj is None:
         policy_obj = make_policy(policy, **spec["params"])
+
+    def run(win, index):
+        if on_engine is None:
+            return sim.simulate(win, policy_obj, model)
+        engine = model.make_engine(win, policy_obj)
+        on_engine(engine, index)
+        engine.run()
+        return engine.result(win)
+
     if not refused.any():
-        return sim.simulate(window, policy_obj, model), refused
+        return run(window, np.arange(len(window))), refused
     keep = ~refused
     sub = dataclasses.replace(window, **{f: getattr(window, f)[keep] for f in (
         "arrival_s", "input_tokens", "output_tokens", "predicted_output_tokens", "deadline_s")})
-    r = sim.simulate(sub, policy_obj, model)
+    r = run(sub, np.flatnonzero(keep))
 
     def full(values):
         out = np.full(len(window), np.nan)
@@ -260,6 +272,43 @@ def sim_vs_real(runs: pd.DataFrame, requests: pd.DataFrame, windows: dict, cost,
     return req, run_frame, summary
 
 
+# --- a real-engine case by its tag ----------------------------------------------------------------
+#: The headline real-engine case (max_model_len 2,560 for vllm_faithful, 32,768 for slai_faithful).
+GUARDED_TAG = "vllm_cpu_guarded"
+#: The same RQ6 case with the same max_model_len (2,560) for both policies, each step's batch and
+#: each request's submission logged.
+EQUAL_TAG = "vllm_cpu_equal"
+
+
+def case_tag(tag: str) -> str:
+    """A case's tag as its files are named (``<tag>_case_runs.parquet``): ``vllm_cpu_equal`` and
+    ``vllm_cpu_equal_case`` name the same case."""
+    return tag[: -len("_case")] if tag.endswith("_case") else tag
+
+
+def load_case(tag: str = GUARDED_TAG, *, data_dir=None) -> dict:
+    """A committed real-engine case's runs, requests, steps, windows (window_id → Window) and
+    ``profile_cost``: the :class:`~portbench.engine_v1.StepCost` fitted to the step profile
+    (``<tag>_cost.json``; a case without its own profile takes the guarded case's, measured on the
+    same host with the same model shape), and ``cost_tag``, the tag it came from."""
+    import json
+
+    from . import store as _store
+    from .engine_v1 import StepCost
+    from .realengine.study import realengine_dir
+
+    tag = case_tag(tag)
+    d = realengine_dir(data_dir)
+    runs = pd.read_parquet(d / f"{tag}_case_runs.parquet")
+    cost_tag = tag if (d / f"{tag}_cost.json").exists() else GUARDED_TAG
+    return {"tag": tag, "runs": runs,
+            "requests": pd.read_parquet(d / f"{tag}_case_requests.parquet"),
+            "steps": pd.read_parquet(d / f"{tag}_case_steps.parquet"),
+            "windows": {w.window_id: w for w in _store.load_windows(window_ids=sorted(set(runs["window_id"])))},
+            "profile_cost": StepCost(**json.loads((d / f"{cost_tag}_cost.json").read_text())["cost"]),
+            "cost_tag": cost_tag}
+
+
 # --- the real engine's step log ------------------------------------------------------------------
 #: The columns that name one real run (a window, a policy, a repetition).
 RUN_KEYS = ["window_id", "policy", "repetition"]
@@ -301,7 +350,9 @@ class ReplayedStepTimes:
     start), or at the real step's end where the real engine then waited for an arrival; so each
     simulated step starts when the real one did, whatever the batch. Steps beyond the real run's
     last are timed by ``fallback`` (a :class:`~portbench.engine_v1.StepCost`); ``beyond`` counts them.
-    Every step's batch is logged (:meth:`log`)."""
+    Every step's batch is logged (:meth:`log`): its counts always, and which requests ran with how
+    many tokens when :meth:`attach` has given it the engine (``simulate_counterpart(on_engine=
+    replay.attach)``)."""
 
     def __init__(self, run_steps_frame: pd.DataFrame, fallback):
         from .engine_v1 import PS
@@ -316,6 +367,13 @@ class ReplayedStepTimes:
         self._target_ps = np.round(target * PS).astype(np.int64).tolist()
         self._rows: list[tuple] = []
         self.beyond = 0
+        self._engine, self._index = None, None
+
+    def attach(self, engine, index) -> None:
+        """Log each step's batch from ``engine`` (a ``vllm_v1`` engine about to run; read only: its
+        batch table at the moment the step is timed) with ``index`` (the engine's request id → the
+        window's request index)."""
+        self._engine, self._index = engine, np.asarray(index, dtype=np.int64)
 
     def picoseconds(self):
         return self.fallback.picoseconds()
@@ -327,14 +385,18 @@ class ReplayedStepTimes:
             c0, cp, cd, cc, cg = self.fallback.picoseconds()
             dur = c0 + cg + cp * prefill + cd * decodes + cc * context
             self.beyond += 1
-        self._rows.append((step, start_ps, start_ps + dur, prefill, decodes, context, scheduled))
+        batch = None
+        if self._engine is not None:
+            rows = self._engine._sched[:scheduled].tolist()
+            batch = {int(self._index[i]): int(n) for i, n in rows}
+        self._rows.append((step, start_ps, start_ps + dur, prefill, decodes, context, scheduled, batch))
         return dur
 
     def log(self) -> pd.DataFrame:
         """The simulated steps: ``step, start_ps, end_ps, prefill_tokens, decode_seqs,
-        context_tokens, scheduled_seqs``."""
+        context_tokens, scheduled_seqs, batch`` (``{request index: tokens}``; None unless attached)."""
         return pd.DataFrame(self._rows, columns=["step", "start_ps", "end_ps", "prefill_tokens", "decode_seqs",
-                                                 "context_tokens", "scheduled_seqs"])
+                                                 "context_tokens", "scheduled_seqs", "batch"])
 
 
 #: How the real SLAI scheduler (:mod:`portbench.realengine.vllm_slai_scheduler`, ``step_ema`` and
@@ -457,19 +519,36 @@ SLAI_CLOCK = "SLAI's critical-decode clock"
 LENGTH = "one schedule runs longer"
 SAME_SHAPE = "same batch shapes, other requests"
 DOWNSTREAM = "downstream of an earlier disagreement"
+LAST_PROMPT_TOKEN = "SLAI holds a prompt's last token"
+ID_TIE = "a tie broken by the request id's text"
 OTHER = "unexplained"
 DISAGREEMENT_CLASSES = {
-    RACE: "a request arrived between the end of the real step before and the start of this one: the "
-          "real serving loop reads its clock once before submitting arrivals and starting the step, at "
-          "a time the step log does not record, so it may have missed it; the model, whose step starts "
-          "at the real step's start, counts it",
+    RACE: "a request reached the two engines at different steps: the real serving loop reads its clock "
+          "once, submits what has arrived by then and starts the step a little later, so a request "
+          "arriving in between waits for the next step there, while the model, whose step starts at "
+          "the real step's start, counts it (where the requests log has ``submit_step``, the step "
+          "each request was submitted before, this is read from the log; else inferred from an "
+          "arrival between the real step before and this one)",
     SLAI_CLOCK: "the two SLAIs serve a different number of decodes: the real scheduler counts Θ in a "
                 "moving average of its measured step interval (starting from 1 ms), the study's policy "
                 "in a fixed 1 ms, so a decoder turns critical at another step (the replay gives the "
                 "model the real scheduler's measured step length by default, slai_clock='measured')",
     LENGTH: "the schedules agree on every step both ran, but one ran more steps",
-    SAME_SHAPE: "every step has the same batch shape, yet a request was admitted, started or finished "
-                "at another step",
+    LAST_PROMPT_TOKEN: "a request with one prompt token left to compute ran it on one side only: the real "
+                       "SLAI scheduler (portbench.realengine.vllm_slai_scheduler) counts a running request "
+                       "with at most one token left to compute as a decode, so a prompt's last one-token "
+                       "chunk gets a decode's fresh LST and is held like a non-critical decode when "
+                       "admissions take the budget; the model's SLAI finishes the prompt as an in-flight "
+                       "prefill chunk, before admissions (read from both steps' batches; where the "
+                       "real step log lacks them, inferred: the model ran one more request, a one-token "
+                       "chunk completing its prompt, with the same prefill tokens and decodes)",
+    ID_TIE: "the batches differ only by requests of the same prompt length and the same arrival: the "
+            "real engine's priority queue breaks the tie by the request id as text (the port's ids "
+            "r<k>-<index>-<hex>, so index 10 comes before 9), the model by the index (read from both "
+            "steps' batches)",
+    SAME_SHAPE: "the steps have the same batch shape (scheduled sequences, prefill tokens, decodes), "
+                "yet other requests ran (where both steps' batches are logged), or a request was "
+                "admitted, started or finished at another step",
     DOWNSTREAM: "a request was already admitted, started or finished at another step before this "
                 "episode began: the two engines no longer hold the same requests, so the episode "
                 "follows from an earlier one",
@@ -488,31 +567,111 @@ def _episodes(equal: np.ndarray) -> list[tuple[int, int]]:
     return list(zip(starts.tolist(), ends.tolist()))
 
 
+def raced(k: int, real_visible, sim_visible, served) -> np.ndarray:
+    """The served requests that step ``k`` could schedule on one engine and not on the other:
+    ``real_visible`` is each request's first step the real engine could schedule it (the requests
+    log's ``submit_step``; -1: never submitted), ``sim_visible`` the model's (its first step
+    starting at or after the arrival). Returns their window indices."""
+    rv, sv = np.asarray(real_visible, dtype=np.int64), np.asarray(sim_visible, dtype=np.int64)
+    ok = np.asarray(served, dtype=bool) & (rv >= 0) & (sv >= 0)
+    lo, hi = np.minimum(rv, sv), np.maximum(rv, sv)
+    return np.flatnonzero(ok & (lo <= k) & (k < hi))
+
+
+def _batch_rule(k: int, policy: str, real: pd.DataFrame, sim: pd.DataFrame, arrival_s, input_tokens) -> str:
+    """:data:`LAST_PROMPT_TOKEN` or :data:`ID_TIE` where step ``k``'s logged batches show it, else ""."""
+    if input_tokens is None or "batch" not in sim or sim["batch"].iloc[k] is None:
+        return ""
+    sb = sim["batch"].iloc[k]
+    rb = real["batch"].iloc[k] if "batch" in real else None
+    if rb is None:
+        # only the model's batch is known (a step log without ``scheduled``): the model ran one more
+        # request, a one-token chunk that completes its prompt, and otherwise the same counts
+        if policy != "slai_faithful":
+            return ""
+        counts = [(int(real[f].iloc[k]), int(sim[f].iloc[k])) for f in STEP_FIELDS]
+        if counts[0][1] != counts[0][0] + 1 or counts[1][0] != counts[1][1] or counts[2][0] != counts[2][1]:
+            return ""
+        inp = np.asarray(input_tokens)
+        for i, n in sb.items():
+            if n == 1 and sum(b.get(i, 0) for b in sim["batch"].iloc[:k]) == int(inp[i]) - 1:
+                return LAST_PROMPT_TOKEN
+        return ""
+    diff = [i for i in set(rb) | set(sb) if rb.get(i, 0) != sb.get(i, 0) and isinstance(i, (int, np.integer))]
+    if not diff:
+        return ""
+    inp = np.asarray(input_tokens)
+    if policy == "slai_faithful":
+        for i in diff:
+            if {rb.get(i, 0), sb.get(i, 0)} == {0, 1}:
+                done = sum(b.get(i, 0) for b in real["batch"].iloc[:k])
+                if done == int(inp[i]) - 1:
+                    return LAST_PROMPT_TOKEN
+    arr = np.asarray(arrival_s)
+    if (sorted(rb.values()) == sorted(sb.values()) and len({(int(inp[i]), float(arr[i])) for i in diff}) == 1):
+        return ID_TIE
+    return ""
+
+
 def classify_episode(k: int, policy: str, real: pd.DataFrame, sim: pd.DataFrame, arrival_s,
-                     served) -> str:
+                     served, *, real_visible=None, sim_visible=None, input_tokens=None) -> str:
     """The class (:data:`DISAGREEMENT_CLASSES`) of an episode of disagreeing steps starting at
-    step ``k`` (both schedules ran it): a race when a served request arrived between the real
-    previous step's end and step ``k``'s start; SLAI's clock when the decode counts differ under
-    ``slai_faithful``; else unexplained."""
-    start = real["start_s"].iloc[k]
-    before = real["end_s"].iloc[k - 1] if k > 0 else start - 1e-3
-    a = np.asarray(arrival_s)[np.asarray(served, dtype=bool)]
-    if ((a > before) & (a <= start)).any():
-        return RACE
+    step ``k`` (both schedules ran it): a race when a served request could be scheduled at step
+    ``k`` on one engine and not on the other — read from ``real_visible``/``sim_visible`` where
+    given (:func:`raced`), else inferred from an arrival between the real previous step's end and
+    step ``k``'s start; where both steps' batches are logged (``batch``) and ``input_tokens`` given,
+    the two rules they show (:data:`LAST_PROMPT_TOKEN`, :data:`ID_TIE`); SLAI's clock when the
+    decode counts differ under ``slai_faithful``; the same shapes when the counts agree (so the
+    batches' requests differ); else unexplained."""
+    if real_visible is not None and sim_visible is not None:
+        if len(raced(k, real_visible, sim_visible, served)):
+            return RACE
+    else:
+        start = real["start_s"].iloc[k]
+        before = real["end_s"].iloc[k - 1] if k > 0 else start - 1e-3
+        a = np.asarray(arrival_s)[np.asarray(served, dtype=bool)]
+        if ((a > before) & (a <= start)).any():
+            return RACE
+    rule = _batch_rule(k, policy, real, sim, arrival_s, input_tokens)
+    if rule:
+        return rule
     if policy == "slai_faithful" and real["decode_seqs"].iloc[k] != sim["decode_seqs"].iloc[k]:
         return SLAI_CLOCK
+    fields = list(STEP_FIELDS)
+    if set(fields) <= set(real) & set(sim) and (real[fields].iloc[k].to_numpy() == sim[fields].iloc[k].to_numpy()).all():
+        return SAME_SHAPE
     return OTHER
 
 
+def real_batches(steps: pd.DataFrame):
+    """Each logged step's batch, ``{request index: tokens}`` (the step log's ``scheduled``,
+    :func:`portbench.realengine.vllm_backend.parse_scheduled`); None where the log has no
+    ``scheduled`` column (logs written before 2026-12)."""
+    from .realengine.vllm_backend import parse_scheduled
+
+    if "scheduled" not in steps:
+        return None
+    return [{(int(k) if k.isdigit() else k): n for k, n in parse_scheduled(t).items()}
+            for t in steps["scheduled"].tolist()]
+
+
 def compare_schedules(real_steps: pd.DataFrame, sim_steps: pd.DataFrame, real_req: pd.DataFrame,
-                      sim_req: pd.DataFrame, *, policy: str, arrival_s, served) -> tuple[pd.DataFrame, pd.DataFrame]:
+                      sim_req: pd.DataFrame, *, policy: str, arrival_s, served, real_visible=None,
+                      sim_visible=None, input_tokens=None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """One run's real and replayed-cost schedules, step by step and request by request.
 
     ``real_steps``/``sim_steps``: the steps in order (:data:`STEP_FIELDS`; the real ones also
-    ``start_s``, ``end_s``); ``real_req``/``sim_req``: :data:`REQUEST_FIELDS` per request (in window
-    order); ``served``: the requests neither side refused. Returns (steps, requests): a row per step
-    index of the longer schedule with ``agree`` and ``cls`` (the class of the episode it belongs to,
-    "" where it agrees), and a row per served request with ``agree`` and ``cls``.
+    ``start_s``, ``end_s``; where both have a ``batch`` column of ``{request index: tokens}`` —
+    :func:`real_batches`, :meth:`ReplayedStepTimes.log` — each step's exact set of requests and
+    their tokens is compared too); ``real_req``/``sim_req``: :data:`REQUEST_FIELDS` per request (in
+    window order); ``served``: the requests neither side refused; ``real_visible``/``sim_visible``
+    (optional, per request): the first step each engine could schedule it, for the race class
+    (:func:`raced`); ``input_tokens`` (optional, per request): the prompts, for the rules the
+    batches show (:func:`classify_episode`). Returns (steps, requests): a row per step index of the longer schedule with
+    ``agree_counts`` (the counts of :data:`STEP_FIELDS` agree), ``agree_batch`` (the exact batches
+    agree; NaN where not logged on both sides), ``agree`` (both) and ``cls`` (the class of the
+    episode it belongs to, "" where it agrees), and a row per served request with ``agree`` and
+    ``cls``.
     """
     big = np.iinfo(np.int64).max
     served = np.asarray(served, dtype=bool)
@@ -524,8 +683,17 @@ def compare_schedules(real_steps: pd.DataFrame, sim_steps: pd.DataFrame, real_re
     n_real, n_sim = len(real_steps), len(sim_steps)
     n = min(n_real, n_sim)
     fields = list(STEP_FIELDS)
-    equal = np.zeros(max(n_real, n_sim), dtype=bool)
-    equal[:n] = (real_steps[fields].to_numpy()[:n] == sim_steps[fields].to_numpy()[:n]).all(axis=1)
+    counts = np.zeros(max(n_real, n_sim), dtype=bool)
+    counts[:n] = (real_steps[fields].to_numpy()[:n] == sim_steps[fields].to_numpy()[:n]).all(axis=1)
+    batch = np.full(len(counts), np.nan)
+    equal = counts.copy()
+    if "batch" in real_steps and "batch" in sim_steps:
+        rb, sb = real_steps["batch"].tolist()[:n], sim_steps["batch"].tolist()[:n]
+        if all(x is not None for x in rb) and all(x is not None for x in sb):
+            same = np.array([a == b for a, b in zip(rb, sb)], dtype=bool)
+            batch[:n] = same
+            batch[n:] = 0.0
+            equal[:n] &= same
     cls = np.full(len(equal), "", dtype=object)
     starts = []
     for a, b in _episodes(equal):
@@ -534,10 +702,12 @@ def compare_schedules(real_steps: pd.DataFrame, sim_steps: pd.DataFrame, real_re
         elif a >= n:
             c = LENGTH
         else:
-            c = classify_episode(a, policy, real_steps, sim_steps, arrival_s, served)
+            c = classify_episode(a, policy, real_steps, sim_steps, arrival_s, served,
+                                 real_visible=real_visible, sim_visible=sim_visible, input_tokens=input_tokens)
         cls[a:b] = c
         starts.append((a, c))
-    steps = pd.DataFrame({"step": np.arange(len(equal)), "agree": equal, "cls": cls})
+    steps = pd.DataFrame({"step": np.arange(len(equal)), "agree_counts": counts, "agree_batch": batch,
+                          "agree": equal, "cls": cls})
     # a disagreeing request: the class of the last episode that started by its first differing step
     rcls = np.full(len(agree), "", dtype=object)
     for i in np.flatnonzero(~agree):
@@ -555,57 +725,122 @@ def _run_rows(frame: pd.DataFrame, run) -> pd.DataFrame:
     return frame[sel]
 
 
+#: How the replayed-cost comparison sets each request's arrival in the model: "trace" (the window's
+#: arrival, as the serving loop's schedule had it) or "submitted" (where the requests log has
+#: ``submit_step``: the time that makes the model's first step able to schedule it the real one's,
+#: :func:`submitted_arrivals` — the serving loop's clock read taken into the replay's configuration).
+ARRIVALS = ("trace", "submitted")
+
+
+def submitted_arrivals(arrival_s, submit_step, step_starts, *, eps_s: float = 1e-9) -> np.ndarray:
+    """Arrival times that make the model's replay see each request first at the step the real
+    engine did (``submit_step``, the requests log's: the index of the first step that could
+    schedule it; -1 keeps the trace's arrival). The requests submitted before step ``s`` all arrive
+    at the first of their trace arrivals, or just after step ``s − 1``'s start when that is later
+    (the real loop read its clock after that step, so the model must not see them at it): the model,
+    whose step ``s`` starts at the real step's start (or, after an idle engine, at the first
+    arrival), then admits them at step ``s`` and not before. Arrival order is kept (ties in window
+    order, as both engines break them)."""
+    a = np.asarray(arrival_s, dtype=float)
+    s = np.asarray(submit_step, dtype=np.int64)
+    starts = np.asarray(step_starts, dtype=float)
+    out = a.copy()
+    for g in np.unique(s[s >= 0]):
+        m = s == g
+        t = float(a[m].min())
+        if 1 <= g <= len(starts):
+            t = max(t, float(starts[g - 1]) + eps_s)
+        out[m] = t
+    return out
+
+
+def replay_run(run, requests: pd.DataFrame, steps: pd.DataFrame, windows: dict, fallback, *,
+               kv_tokens: int = 500_000, slai_clock: str = "measured", arrivals: str = "trace") -> dict:
+    """One real run (a row of the runs table) replayed with its own step times and compared
+    (:func:`replayed_cost_comparison` does this for every run; ``steps``: :func:`run_steps`'s).
+    Returns ``steps`` and ``requests`` (:func:`compare_schedules`), ``real_steps`` (with ``batch``
+    where logged), ``sim_steps`` (:meth:`ReplayedStepTimes.log`), ``real_requests`` and
+    ``sim_requests`` (:func:`request_steps`), ``real_visible``, ``sim_visible``, ``served``,
+    ``arrival_s`` (the replay's) and ``result``."""
+    from .engine_v1 import PS
+
+    rs = _run_rows(steps, run).reset_index(drop=True)
+    if not len(rs):
+        raise ValueError(f"no steps logged for run {tuple(run[k] for k in RUN_KEYS)}")
+    real = _run_rows(requests, run).sort_values("request_index")
+    replay = ReplayedStepTimes(rs, fallback)
+    w = scale(windows[run["window_id"]], run["load_factor"])
+    submit = real["submit_step"].to_numpy(dtype=np.int64) if "submit_step" in real else None
+    if arrivals == "submitted":
+        w = dataclasses.replace(w, arrival_s=submitted_arrivals(w.arrival_s, submit, rs["start_s"]))
+    mml = run.get("max_model_len", None)
+    pol = None
+    if run["policy"] == "slai_faithful" and slai_clock == "measured":
+        pol = measured_clock_slai(slai_measured_step_s(rs), **REAL_COUNTERPARTS["slai_faithful"]["params"])
+    result, refused = simulate_counterpart(w, run["policy"], replay, kv_tokens=kv_tokens,
+                                           max_model_len=None if mml is None or pd.isna(mml) else mml,
+                                           policy_obj=pol, on_engine=replay.attach)
+    log = replay.log()
+    batches = real_batches(rs)
+    if batches is not None:
+        rs = rs.assign(batch=batches)
+    real_req = request_steps(real["admit_s"], real["first_token_s"], real["finish_s"], rs["start_s"], rs["end_s"])
+    sim_req = request_steps(result.admit_s, result.first_token_s, result.finish_s,
+                            log["start_ps"] / PS, log["end_ps"] / PS)
+    served = ~refused
+    if "refused" in real:
+        served &= ~real["refused"].to_numpy(dtype=bool)
+    sim_visible = None
+    if submit is not None:
+        sim_visible = np.searchsorted(log["start_ps"].to_numpy(), np.ceil(w.arrival_s * PS).astype(np.int64))
+    st, rq = compare_schedules(rs, log, real_req, sim_req, policy=run["policy"], arrival_s=w.arrival_s,
+                               served=served, real_visible=submit, sim_visible=sim_visible,
+                               input_tokens=w.input_tokens)
+    return {"steps": st, "requests": rq, "real_steps": rs, "sim_steps": log, "real_requests": real_req,
+            "sim_requests": sim_req, "real_visible": submit, "sim_visible": sim_visible, "served": served,
+            "arrival_s": w.arrival_s, "result": result}
+
+
 def replayed_cost_comparison(runs: pd.DataFrame, requests: pd.DataFrame, steps: pd.DataFrame,
                              windows: dict, fallback, *, kv_tokens: int = 500_000,
-                             slai_clock: str = "measured"):
+                             slai_clock: str = "measured", arrivals: str = "trace"):
     """Every real run replayed in ``vllm_v1`` with its own recorded step times
     (:class:`ReplayedStepTimes`; ``fallback`` times steps past the real run's last) and compared
-    with the real schedule (:func:`compare_schedules`). ``slai_clock``: "measured" runs
-    ``slai_faithful`` with the step length the real scheduler measured at each step
-    (:func:`measured_clock_slai`); "fixed" with the study's 1 ms.
+    with the real schedule (:func:`compare_schedules`), as the run ran: its ``max_model_len`` (the
+    runs table's, where it has one) refuses the same requests on both sides. ``slai_clock``:
+    "measured" runs ``slai_faithful`` with the step length the real scheduler measured at each step
+    (:func:`measured_clock_slai`); "fixed" with the study's 1 ms. ``arrivals``: :data:`ARRIVALS`.
+
+    Where the step log has ``scheduled`` (each step's batch), each step's exact set of requests and
+    their tokens is compared as well as the counts; where the requests log has ``submit_step``, the
+    race class is read from it (:func:`raced`).
 
     Returns (steps, requests, per_run): the step and request tables of every run (with the run's
     keys and ``source``), and per run the counts ``n_steps_real``, ``n_steps_sim``,
-    ``steps_agree``, ``requests``, ``requests_agree`` and ``first_disagreement`` (step; -1: none).
+    ``steps_agree``, ``steps_agree_counts``, ``requests``, ``requests_agree`` and
+    ``first_disagreement`` (step; -1: none).
     """
-    from .engine_v1 import PS
-
     if slai_clock not in ("measured", "fixed"):
         raise ValueError(f"slai_clock must be 'measured' or 'fixed', got {slai_clock!r}")
+    if arrivals not in ARRIVALS:
+        raise ValueError(f"arrivals must be one of {ARRIVALS}, got {arrivals!r}")
+    if arrivals == "submitted" and "submit_step" not in requests:
+        raise ValueError("arrivals='submitted' needs the requests log's submit_step")
     steps = run_steps(steps)
     step_frames, req_frames, per_run = [], [], []
     for _, run in runs.iterrows():
         if run["policy"] not in REAL_COUNTERPARTS:
             continue
-        rs = _run_rows(steps, run).reset_index(drop=True)
-        if not len(rs):
-            raise ValueError(f"no steps logged for run {tuple(run[k] for k in RUN_KEYS)}")
-        real = _run_rows(requests, run).sort_values("request_index")
-        replay = ReplayedStepTimes(rs, fallback)
-        w = scale(windows[run["window_id"]], run["load_factor"])
-        mml = run.get("max_model_len", None)
-        pol = None
-        if run["policy"] == "slai_faithful" and slai_clock == "measured":
-            pol = measured_clock_slai(slai_measured_step_s(rs), **REAL_COUNTERPARTS["slai_faithful"]["params"])
-        result, refused = simulate_counterpart(w, run["policy"], replay, kv_tokens=kv_tokens,
-                                               max_model_len=None if mml is None or pd.isna(mml) else mml,
-                                               policy_obj=pol)
-        log = replay.log()
-        real_req = request_steps(real["admit_s"], real["first_token_s"], real["finish_s"], rs["start_s"], rs["end_s"])
-        sim_req = request_steps(result.admit_s, result.first_token_s, result.finish_s,
-                                log["start_ps"] / PS, log["end_ps"] / PS)
-        served = ~refused
-        if "refused" in real:
-            served &= ~real["refused"].to_numpy(dtype=bool)
-        st, rq = compare_schedules(rs, log, real_req, sim_req, policy=run["policy"],
-                                   arrival_s=w.arrival_s, served=served)
+        one = replay_run(run, requests, steps, windows, fallback, kv_tokens=kv_tokens, slai_clock=slai_clock,
+                         arrivals=arrivals)
+        st, rq, rs, log = one["steps"], one["requests"], one["real_steps"], one["sim_steps"]
         keys = {"source": run["source"], **{k: run[k] for k in RUN_KEYS}}
         step_frames.append(st.assign(**keys))
         req_frames.append(rq.assign(**keys))
         bad = np.flatnonzero(~st["agree"].to_numpy())
         per_run.append({**keys, "n_steps_real": len(rs), "n_steps_sim": len(log),
-                        "steps_agree": int(st["agree"].sum()), "requests": len(rq),
-                        "requests_agree": int(rq["agree"].sum()),
+                        "steps_agree": int(st["agree"].sum()), "steps_agree_counts": int(st["agree_counts"].sum()),
+                        "requests": len(rq), "requests_agree": int(rq["agree"].sum()),
                         "first_disagreement": int(bad[0]) if len(bad) else -1})
     return (pd.concat(step_frames, ignore_index=True), pd.concat(req_frames, ignore_index=True),
             pd.DataFrame(per_run))
@@ -613,17 +848,38 @@ def replayed_cost_comparison(runs: pd.DataFrame, requests: pd.DataFrame, steps: 
 
 def agreement_table(frame: pd.DataFrame, by=("policy",)) -> pd.DataFrame:
     """Share of ``agree`` rows of a step or request table, overall and ``by`` group, and each
-    disagreement class's share of the rows (columns: the group, ``n``, ``agree``, one per class)."""
+    disagreement class's share of the rows (columns: the group, ``n``, ``agree``, one per class;
+    for a step table whose batches were compared, also ``agree, counts only``: the share whose
+    counts agree, whatever requests ran)."""
     by = list(by)
     groups = [("all", frame)] + ([(k if len(by) > 1 else k[0], g) for k, g in frame.groupby(by)] if by else [])
     rows = []
     for name, g in groups:
         row = {"group": name if isinstance(name, str) else " / ".join(map(str, name)), "n": len(g),
                "agree": float(g["agree"].mean())}
+        if "agree_batch" in frame and frame["agree_batch"].notna().any():
+            row["agree, counts only"] = float(g["agree_counts"].mean())
         for c in DISAGREEMENT_CLASSES:
             row[c] = float((g["cls"] == c).mean())
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def class_counts(steps: pd.DataFrame, requests: pd.DataFrame) -> pd.DataFrame:
+    """Each disagreement class (:data:`DISAGREEMENT_CLASSES`) counted three ways: the episodes it
+    names (runs of consecutive disagreeing steps within a run), their steps, and the requests it
+    names; from :func:`replayed_cost_comparison`'s step and request tables."""
+    order = steps.sort_values(RUN_KEYS + ["step"])
+    bad = ~order["agree"].to_numpy(dtype=bool)
+    same_run = (order[RUN_KEYS].shift(1) == order[RUN_KEYS]).all(axis=1).to_numpy()
+    prev_bad = np.r_[False, bad[:-1]] & same_run
+    first = bad & ~prev_bad
+    cls = order["cls"].to_numpy()
+    rows = []
+    for c in DISAGREEMENT_CLASSES:
+        rows.append({"class": c, "episodes": int((first & (cls == c)).sum()), "steps": int((bad & (cls == c)).sum()),
+                     "requests": int((requests["cls"] == c).sum())})
+    return pd.DataFrame(rows).set_index("class")
 
 
 # --- the step cost, cross-validated by window -----------------------------------------------------
@@ -1018,7 +1274,7 @@ def latency_error_table(errors: pd.DataFrame, by: str | None = None) -> pd.DataF
     return pd.DataFrame(rows).set_index("group")
 
 
-def write_counterparts(tag: str = "vllm_cpu_guarded", *, data_dir=None, kind: str = "rich", k: int = 4):
+def write_counterparts(tag: str = GUARDED_TAG, *, data_dir=None, kind: str = "rich", k: int = 4):
     """Store each real run of case ``tag`` with its simulated counterpart per request
     (:func:`counterpart_requests`) as ``<tag>_case_sim_requests.parquet`` beside the case's files;
     the separate reading at the run's own speed level (``speed_known``) sits beside it as
@@ -1027,6 +1283,7 @@ def write_counterparts(tag: str = "vllm_cpu_guarded", *, data_dir=None, kind: st
     from . import store as _store
     from .realengine.study import realengine_dir
 
+    tag = case_tag(tag)
     d = realengine_dir(data_dir)
     runs = pd.read_parquet(d / f"{tag}_case_runs.parquet")
     requests = pd.read_parquet(d / f"{tag}_case_requests.parquet")

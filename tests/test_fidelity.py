@@ -197,3 +197,140 @@ def test_measured_clock_slai_runs_and_scaled_cost_scales():
     assert slow.duration_s > fast.duration_s
     with pytest.raises(ValueError, match="slai_clock"):
         fidelity.replayed_cost_comparison(pd.DataFrame(), pd.DataFrame(), pd.DataFrame(), {}, COST, slai_clock="x")
+
+
+# --- the exact batches and the submission log (the equal-limits case's logs) ----------------------
+def _fake_real_case(policy="fifo"):
+    """A simulated run written as a real case with the new logs: each step's batch (``scheduled``,
+    as the real backend formats it) and each request's ``submit_step`` (the model's own first step
+    that could schedule it)."""
+    from portbench.realengine.vllm_backend import format_scheduled
+    from portbench.workload import scale
+
+    w = _window(n=30, seed=4)
+    rec = fidelity.ReplayedStepTimes(pd.DataFrame({"step": [], "busy": [], "next_start_s": [], "end_s": []}), COST)
+    result, _ = fidelity.simulate_counterpart(scale(w, 1.0), policy, rec, on_engine=rec.attach)
+    log = rec.log()
+    steps = _as_real_steps(rec).assign(policy=policy, kept=True,
+                                       scheduled=[format_scheduled(b) for b in log["batch"]], preempted="")
+    starts = log["start_ps"].to_numpy()
+    submit = np.searchsorted(starts, np.ceil(scale(w, 1.0).arrival_s * PS).astype(np.int64))
+    requests = pd.DataFrame({"window_id": "toy_w0", "policy": policy, "repetition": 0,
+                             "request_index": np.arange(len(w)), "admit_s": result.admit_s,
+                             "first_token_s": result.first_token_s, "finish_s": result.finish_s,
+                             "refused": False, "submit_step": submit})
+    runs = pd.DataFrame({"window_id": ["toy_w0"], "policy": [policy], "repetition": [0], "source": ["toy"],
+                         "load_factor": [1.0], "max_model_len": [np.nan]})
+    return w, log, steps, requests, runs
+
+
+def test_the_models_batches_add_up_and_replay_exactly():
+    """The replay's logged batches hold each request's every token (prompt + output − 1 tokens run,
+    no preemption here) and as many requests as the step's count; replaying the run against its own
+    batch and submission logs agrees on every step's exact batch and every request, with either
+    arrival rule."""
+    w, log, steps, requests, runs = _fake_real_case()
+    assert (log["batch"].map(len) == log["scheduled_seqs"]).all()
+    ran = pd.Series(0, index=range(len(w)))
+    for b in log["batch"]:
+        for i, n in b.items():
+            ran[i] += n
+    np.testing.assert_array_equal(ran.to_numpy(), w.input_tokens + w.output_tokens - 1)
+    for arrivals in fidelity.ARRIVALS:
+        st, rq, per_run = fidelity.replayed_cost_comparison(runs, requests, steps, {"toy_w0": w}, COST,
+                                                            arrivals=arrivals)
+        assert st["agree"].all() and st["agree_batch"].eq(1).all() and rq["agree"].all()
+        assert per_run.loc[0, "steps_agree"] == per_run.loc[0, "n_steps_real"]
+    table = fidelity.agreement_table(st)
+    assert table.loc[0, "agree, counts only"] == 1.0
+
+
+def test_same_counts_other_requests_is_caught_by_the_exact_batch():
+    """Two steps with the same counts but another request in the batch: the counts agree, the
+    batch does not, and the episode is classed as the same shapes with other requests."""
+    real = pd.DataFrame({"start_s": [0.0, 0.01, 0.02], "end_s": [0.009, 0.019, 0.029],
+                         "scheduled_seqs": [1, 2, 2], "prefill_tokens": [100, 100, 0], "decode_seqs": [0, 1, 2],
+                         "batch": [{0: 100}, {0: 1, 1: 100}, {0: 1, 1: 1}]})
+    sim_ = real.assign(batch=[{0: 100}, {0: 1, 2: 100}, {0: 1, 1: 1}])[["scheduled_seqs", "prefill_tokens",
+                                                                        "decode_seqs", "batch"]]
+    req = pd.DataFrame({"admit_step": [0, 1, 1], "first_step": [0, 1, 1], "finish_step": [2, 2, 2]})
+    st, rq = fidelity.compare_schedules(real, sim_, req, req, policy="fifo", arrival_s=[0.0, 0.001, 0.001],
+                                        served=[True, True, True])
+    assert st["agree_counts"].all()
+    assert st["agree"].tolist() == [True, False, True]
+    assert st.loc[1, "cls"] == fidelity.SAME_SHAPE
+
+
+def test_the_race_is_read_from_the_submission_log():
+    """A request the real loop submitted a step later than the model could see it races the steps
+    in between (and only those); one seen at the same step on both sides, or refused, does not."""
+    real_visible = np.array([0, 3, 2, -1])
+    sim_visible = np.array([0, 1, 2, 1])
+    served = np.array([True, True, True, False])
+    assert fidelity.raced(1, real_visible, sim_visible, served).tolist() == [1]
+    assert fidelity.raced(2, real_visible, sim_visible, served).tolist() == [1]
+    assert fidelity.raced(3, real_visible, sim_visible, served).tolist() == []
+    real = pd.DataFrame({"start_s": [0.0, 0.01, 0.02, 0.03], "end_s": [0.009, 0.019, 0.029, 0.039],
+                         "scheduled_seqs": [1, 1, 2, 3], "prefill_tokens": [5, 0, 5, 5], "decode_seqs": [0, 1, 1, 2]})
+    sim_ = real.assign(prefill_tokens=[5, 5, 5, 5], scheduled_seqs=[1, 2, 2, 3])
+    # the log says the race, even where the arrival times alone would not (arrivals all at 0)
+    kw = dict(real_visible=real_visible, sim_visible=sim_visible)
+    assert fidelity.classify_episode(1, "fifo", real, sim_, [0.0] * 4, served, **kw) == fidelity.RACE
+    assert fidelity.classify_episode(1, "fifo", real, sim_, [0.0] * 4, served) == fidelity.OTHER
+    assert fidelity.classify_episode(3, "fifo", real, sim_, [0.0] * 4, served, **kw) == fidelity.SAME_SHAPE
+
+
+def test_submitted_arrivals_put_each_request_at_its_submission_step():
+    """Each request's replay arrival falls after the start of the step before its submission step
+    and by its submission step's start; arrival order is kept and the trace's arrival is kept
+    where it is already later (after an idle engine) or the request was never submitted."""
+    starts = np.array([0.0, 0.010, 0.020, 0.050])
+    arrival = np.array([0.0, 0.005, 0.0095, 0.0099, 0.040, 0.041, 0.060])
+    submit = np.array([0, 1, 2, 2, 3, 3, -1])      # 0.0095 and 0.0099 missed step 1
+    got = fidelity.submitted_arrivals(arrival, submit, starts)
+    assert (np.diff(got) >= 0).all()
+    for i, s in enumerate(submit):
+        if s >= 1:
+            assert starts[s - 1] < got[i] <= starts[s]
+    assert got[4] == got[5] == 0.040 and got[6] == 0.060 and got[1] == 0.005
+    with pytest.raises(ValueError, match="arrivals"):
+        fidelity.replayed_cost_comparison(pd.DataFrame(), pd.DataFrame(), pd.DataFrame(), {}, COST, arrivals="x")
+
+
+def test_case_tags_name_the_same_files():
+    assert fidelity.case_tag("vllm_cpu_equal_case") == fidelity.case_tag("vllm_cpu_equal") == fidelity.EQUAL_TAG
+    assert fidelity.case_tag(fidelity.GUARDED_TAG) == "vllm_cpu_guarded"
+
+
+def test_the_rules_the_batches_show_are_named():
+    """An episode whose batches differ by a prompt's last one-token chunk (SLAI only) or only by
+    requests of equal prompt and arrival is named by the rule; without the prompts it is not."""
+    real = pd.DataFrame({"start_s": [0.0, 0.01, 0.02], "end_s": [0.009, 0.019, 0.029],
+                         "scheduled_seqs": [1, 1, 1], "prefill_tokens": [512, 512, 512], "decode_seqs": [0, 0, 0],
+                         "batch": [{0: 512}, {0: 512}, {1: 512}]})
+    sim_ = real.assign(scheduled_seqs=[1, 1, 2], batch=[{0: 512}, {0: 512}, {0: 1, 1: 511}])
+    kw = dict(input_tokens=[1025, 600], arrival_s=[0.0, 0.015], served=[True, True])
+    assert fidelity.classify_episode(2, "slai_faithful", real, sim_, **kw) == fidelity.LAST_PROMPT_TOKEN
+    assert fidelity.classify_episode(2, "fifo", real, sim_, **kw) == fidelity.OTHER
+    tie_real = pd.DataFrame({"start_s": [0.0], "end_s": [0.009], "scheduled_seqs": [2], "prefill_tokens": [299],
+                             "decode_seqs": [0], "batch": [{10: 218, 9: 81}]})
+    tie_sim = tie_real.assign(batch=[{9: 218, 10: 81}])
+    prompts = np.zeros(11, dtype=int)
+    prompts[[9, 10]] = 218
+    kw = dict(arrival_s=np.zeros(11), served=np.ones(11, dtype=bool), real_visible=np.zeros(11, dtype=int),
+              sim_visible=np.zeros(11, dtype=int))
+    assert fidelity.classify_episode(0, "slai_faithful", tie_real, tie_sim, input_tokens=prompts, **kw) == fidelity.ID_TIE
+    assert fidelity.classify_episode(0, "slai_faithful", tie_real, tie_sim, **kw) == fidelity.SAME_SHAPE
+
+
+def test_the_last_prompt_token_is_inferred_without_the_real_batches():
+    """Without the real batches (an older step log), the model's own batch shows the rule: one more
+    request, a one-token chunk completing its prompt, the same prefill tokens and decodes."""
+    real = pd.DataFrame({"start_s": [0.0, 0.01, 0.02], "end_s": [0.009, 0.019, 0.029],
+                         "scheduled_seqs": [1, 1, 1], "prefill_tokens": [512, 512, 512], "decode_seqs": [0, 0, 0]})
+    sim_ = real.assign(scheduled_seqs=[1, 1, 2], batch=[{0: 512}, {0: 512}, {0: 1, 1: 511}])
+    kw = dict(input_tokens=[1025, 600], arrival_s=[0.0, 0.015], served=[True, True],
+              real_visible=[0, 2], sim_visible=[0, 2])
+    assert fidelity.classify_episode(2, "slai_faithful", real, sim_, **kw) == fidelity.LAST_PROMPT_TOKEN
+    kw["input_tokens"] = [1500, 600]
+    assert fidelity.classify_episode(2, "slai_faithful", real, sim_, **kw) == fidelity.OTHER
