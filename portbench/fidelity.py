@@ -176,6 +176,13 @@ def simulate_counterpart(window, policy: str, cost, *, kv_tokens: int = 500_000,
     return result, refused
 
 
+def linear_step_ps(cost, prefill: int, decodes: int, context: int) -> int:
+    """One step's time (ps, the gap included) by ``cost``'s linear coefficients
+    (``cost.picoseconds()``), as the ``vllm_v1`` engine times a step without a per-step cost."""
+    c0, cp, cd, cc, cg = cost.picoseconds()
+    return c0 + cg + cp * prefill + cd * decodes + cc * context
+
+
 def predicted_step_s(cost, prefill, decode, context) -> np.ndarray:
     """The cost model's step time (gap excluded) for batches given column by column."""
     return (cost.fixed_s + cost.per_prefill_token_s * np.asarray(prefill, dtype=float)
@@ -382,8 +389,7 @@ class ReplayedStepTimes:
         if step < len(self._target_ps):
             dur = max(1, self._target_ps[step] - start_ps)
         else:
-            c0, cp, cd, cc, cg = self.fallback.picoseconds()
-            dur = c0 + cg + cp * prefill + cd * decodes + cc * context
+            dur = linear_step_ps(self.fallback, prefill, decodes, context)
             self.beyond += 1
         batch = None
         if self._engine is not None:
@@ -1084,8 +1090,7 @@ class ScaledStepCost:
         if hasattr(self.cost, "step_ps"):
             base = self.cost.step_ps(step, start_ps, prefill, decodes, context, scheduled)
         else:
-            c0, cp, cd, cc, cg = self.cost.picoseconds()
-            base = c0 + cg + cp * prefill + cd * decodes + cc * context
+            base = linear_step_ps(self.cost, prefill, decodes, context)
         return max(1, int(round(base * self.factor)))
 
 
