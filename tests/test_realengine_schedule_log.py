@@ -27,6 +27,15 @@ def test_scheduled_batch_round_trips_through_its_string():
     assert {"scheduled", "preempted"} <= set(vb.SCHED_COLUMNS)
 
 
+def test_replay_ids_sort_as_text_in_window_order():
+    # vLLM breaks a tie of (priority, arrival) by the request id's text: padded ids keep the
+    # window's order there, as the simulator breaks ties
+    ids = [vb.replay_request_id("r3", i) for i in (0, 9, 10, 123456)]
+    assert ids == sorted(ids)
+    assert [vb._request_key(f"{rid}-a1b2c3") for rid in ids] == ["0", "9", "10", "123456"]
+    assert vb.format_scheduled({f"{ids[2]}-ffee": 1, ids[1]: 7}) == "10:1;9:7"
+
+
 def test_equal_admission_gives_both_policies_the_same_limit():
     for policy in study.CASE_POLICIES:
         assert vb.engine_config(policy, **vb.EQUAL_ADMISSION).max_model_len == 2560

@@ -415,12 +415,18 @@ _TEXT_COLUMNS = ("scheduled", "preempted")
 _REPLAY_ID = re.compile(r"r\d+-(\d+)(?:-[0-9a-f]+)?")
 
 
+def replay_request_id(tag: str, index: int) -> str:
+    """The id a replay gives the window's request ``index``: ``<tag>-<index>`` with the index
+    zero-padded to six digits, so that ids sort as text in the window's order."""
+    return f"{tag}-{int(index):06d}"
+
+
 def _request_key(rid: str) -> str:
     """A replay's request id as the request's index in the window: ``r<k>-<i>``, which vLLM 0.32
     keeps internally as ``r<k>-<i>-<random hex>``, gives ``i``; any other id (warm-up, probe,
     profile requests) is kept as it is."""
     m = _REPLAY_ID.fullmatch(rid)
-    return m.group(1) if m else rid
+    return str(int(m.group(1))) if m else rid
 
 
 def format_scheduled(tokens: dict) -> str:
@@ -522,7 +528,10 @@ def replay(window: Window, policy: str, *, shape: ModelShape = ModelShape(),
 
     _COUNTER[0] += 1
     tag = f"r{_COUNTER[0]}"
-    ids = {f"{tag}-{i}": i for i in range(n)}
+    # Zero-padded indices: vLLM's priority queue breaks a tie of (priority, arrival) by the request
+    # id's text, so "r1-10" would go before "r1-9"; padded, the text order is the window's order,
+    # the order the simulator breaks ties in.
+    ids = {replay_request_id(tag, i): i for i in range(n)}
     if spec.request_fields:
         fields = {f: np.asarray(getattr(window, f)) for f in spec.request_fields}
         sched.begin_replay({rid: {f: a[i].item() for f, a in fields.items()} for rid, i in ids.items()})
@@ -551,14 +560,14 @@ def replay(window: Window, policy: str, *, shape: ModelShape = ModelShape(),
                 submit[i] = clock() - t0
                 submit_step[i] = n_steps
                 engine.add_request(
-                    f"{tag}-{i}", TokensPrompt(prompt_token_ids=prompts[i]),
+                    replay_request_id(tag, i), TokensPrompt(prompt_token_ids=prompts[i]),
                     SamplingParams(max_tokens=int(out_len[i]), ignore_eos=True, detokenize=False,
                                    output_kind=RequestOutputKind.DELTA),
                     arrival_time=wall0 + float(arrival[i]), priority=prio[i])
                 submitted += 1
             i += 1
         if max_wall_s is not None and now > max_wall_s:
-            unfinished = [f"{tag}-{k}" for k in range(n) if np.isnan(finish[k]) and k < i
+            unfinished = [replay_request_id(tag, k) for k in range(n) if np.isnan(finish[k]) and k < i
                           and k not in rejected_set]
             if unfinished:
                 engine.abort_request(unfinished)

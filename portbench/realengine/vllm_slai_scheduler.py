@@ -150,7 +150,10 @@ class SlaiScheduler(Scheduler):
 
         decoding, prefilling = [], []
         for req in self.running:
-            (decoding if req.num_tokens - req.num_computed_tokens <= 1 else prefilling).append(req)
+            # Decoding: the whole prompt computed and one token to go. A prompt's last chunk of
+            # one token is still prefill (the simulator's SLAI serves it with the prefill chunks).
+            done = req.num_computed_tokens
+            (decoding if done >= req.num_prompt_tokens and req.num_tokens - done <= 1 else prefilling).append(req)
         for req in decoding:
             lst.setdefault(req.request_id, fresh)
         decoding.sort(key=lambda r: lst[r.request_id])
