@@ -2,17 +2,20 @@
 
     python benchmarks/fidelity_report.py [--tag vllm_cpu_guarded] [--rq7-tag vllm_cpu_rq7] [--write]
     python benchmarks/fidelity_report.py --tag vllm_cpu_equal     # the equal-limits case
+    python benchmarks/fidelity_report.py --tag vllm_cpu_equal_fixed   # ... re-run with the port fixed
 
 ``--tag`` names the case (default the guarded case, the headline; ``vllm_cpu_equal`` or
 ``vllm_cpu_equal_case``: the same RQ6 case with max_model_len 2,560 for both policies, each step's
-batch and each request's submission logged). Every run is replayed as it ran (its max_model_len);
+batch and each request's submission logged; ``vllm_cpu_equal_fixed``: that case re-run, one
+repetition, with the two port rules its replay named fixed). Every run is replayed as it ran (its max_model_len);
 where the case logged each step's batch, each step's exact set of requests and tokens is compared
 as well as the counts, the race class is read from each request's ``submit_step``, and a second
 replay gives each request the arrival that makes the model first see it at its real submission step.
 
 Prints the replayed-cost schedule agreement (steps and requests, each disagreement's class), the
-step cost's error cross-validated by window (linear, per-shape and rich), the per-request latency errors
-with the cross-validated rich cost (and, apart, at each run's own speed), the like-for-like comparison, the conclusions under each
+step cost's error cross-validated by window (linear, per-shape, rich and its robust fit alone), the
+per-request latency errors with the cross-validated rich cost (and, apart, at each run's own speed, and
+under each of the cost's fitting choices), the like-for-like comparison, the conclusions under each
 rule for keeping runs and the RQ7 runs' mean |ΔANWG|. ``--write`` stores each run's simulated
 counterpart per request (``<tag>_case_sim_requests.parquet``).
 """
@@ -59,11 +62,13 @@ def main():
               + fidelity.class_counts(st, rq).to_string())
 
     print(f"\n2. step cost, cross-validated by window ({args.folds} folds): relative error")
-    for kind in ("linear", "shaped", "rich"):
+    for kind in ("linear", "shaped", "rich_median", "rich"):
         err = fidelity.cross_validated_step_error(steps, runs, k=args.folds, kind=kind)
         print(f"{kind}:\n" + fidelity.step_error_table(err).round(3).to_string())
-    print("rich cost fitted on every step (ms per unit):\n"
-          + (fidelity.RichStepCost.fit(fidelity.run_steps(steps)).table() * 1e3).to_string(float_format="%.6f"))
+    every = fidelity.run_steps(steps)
+    for policy, g in every.groupby("policy"):
+        print(f"rich cost fitted on every step of {policy} (ms per unit):\n"
+              + (fidelity.RichStepCost.fit(g).table() * 1e3).to_string(float_format="%.6f"))
 
     cp = fidelity.counterpart_requests(runs, requests, steps, windows, k=args.folds, kind="rich")
     errors = fidelity.latency_errors(cp)
@@ -82,6 +87,8 @@ def main():
           "(host drift taken out)")
     print(fidelity.latency_error_table(known).round(3).to_string())
     print(fidelity.latency_error_table(known, "source").round(3).to_string())
+    print("how the rich cost's fitting choices move the per-request errors:")
+    print(fidelity.cost_choice_errors(runs, requests, steps, windows, k=args.folds).round(3).to_string())
     print("published, for scale:")
     print(pd.DataFrame(fidelity.PUBLISHED_FIDELITY).to_string(index=False))
 

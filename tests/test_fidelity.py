@@ -157,10 +157,48 @@ def test_cross_validation_never_uses_the_test_windows():
         mine = spoiled["window_id"].map(clean["folds"]) == f
         spoiled.loc[mine, "duration_s"] *= 50
         costs = fidelity.cross_validated_costs(spoiled, runs, k=4, kind="rich")
-        assert costs[f].coef == clean[f].coef
-        assert any(costs[g].coef != clean[g].coef for g in range(4) if g != f)
+        assert costs[(f, "fifo")].coef == clean[(f, "fifo")].coef
+        assert any(costs[(g, "fifo")].coef != clean[(g, "fifo")].coef for g in range(4) if g != f)
     err = fidelity.cross_validated_step_error(steps, runs, k=4, kind="rich")
     assert err["rel_error"].median() < 1e-6
+
+
+def test_rich_cost_matches_the_total_of_skewed_steps():
+    """Steps slowed by right-skewed noise (most near the typical time, a few much slower): the
+    robust fit alone predicts the typical step and a short total; the default fit keeps its
+    relative terms and adds up, shape by shape, to the measured total (a latency is a sum)."""
+    steps, _ = _synthetic_steps(RICH_COEF, per_window=300)
+    rng = np.random.default_rng(5)
+    steps["duration_s"] *= np.where(rng.random(len(steps)) < 0.1, 3.0, 1.0) * rng.uniform(0.98, 1.02, len(steps))
+    steps = steps.assign(gap_s=np.where(np.arange(len(steps)) % 2 == 0, 1e-4, np.nan))
+    robust = fidelity.RichStepCost.fit(steps, match_total=False)
+    total = fidelity.RichStepCost.fit(steps)
+    shape = fidelity.batch_shape(steps["prefill_tokens"], steps["decode_seqs"])
+    args = (steps["prefill_tokens"], steps["decode_seqs"], steps["context_tokens"], steps["scheduled_seqs"])
+    for name in fidelity.SHAPES:
+        m = shape == name
+        measured = steps.loc[m, "duration_s"].sum()
+        assert robust.predict(*args)[m].sum() < 0.9 * measured
+        assert total.predict(*args)[m].sum() == pytest.approx(measured, rel=1e-9)
+        used = np.asarray(robust.coef[name]) > 0
+        ratio = np.asarray(total.coef[name])[used] / np.asarray(robust.coef[name])[used]
+        assert np.allclose(ratio, ratio[0])                                     # one level, same terms
+        assert (np.asarray(total.coef[name])[~used] == 0).all()
+    assert total.gap_s == pytest.approx(1e-4)
+
+
+def test_each_policy_gets_its_own_cross_validated_cost():
+    """A scheduler that does more per step makes the same batch slower: two policies' steps, one
+    1.3× the other's, give two fits, each of its own policy's steps."""
+    a, runs = _synthetic_steps(RICH_COEF)
+    b = a.assign(policy="slai_faithful", duration_s=a["duration_s"] * 1.3)
+    costs = fidelity.cross_validated_costs(pd.concat([a, b], ignore_index=True), runs, k=4, kind="rich")
+    for f in range(4):
+        for shape in fidelity.SHAPES:
+            np.testing.assert_allclose(np.asarray(costs[(f, "slai_faithful")].coef[shape]),
+                                       1.3 * np.asarray(costs[(f, "fifo")].coef[shape]), rtol=1e-6, atol=1e-12)
+    err = fidelity.cross_validated_step_error(pd.concat([a, b], ignore_index=True), runs, k=4, kind="rich")
+    assert err["rel_error"].max() < 1e-6
 
 
 def test_measured_slai_clock_is_the_real_schedulers_moving_average():
