@@ -58,7 +58,8 @@ exclude_host_flagged = False  # leave out runs whose host probes drifted on ever
 #   carries to a CPU host and a tiny model — both policies at `max_model_len` 32,768 with chunked
 #   prefill off (vLLM then raises the token budget to 32,768), at most 32 requests in flight (its
 #   load generator's 32 client threads), λ_ref searched with `vllm_faithful` as the study did (its
-#   repository's `configs/real_vllm/` manifest and `scripts/real_vllm/` run scripts); fewer windows.
+#   repository's `configs/real_vllm/` manifest and `scripts/real_vllm/` run scripts); its windows and
+#   runs are counted in the conclusion below.
 
 # %%
 import json
