@@ -1158,10 +1158,10 @@ def cross_validated_costs(steps: pd.DataFrame, runs: pd.DataFrame, *, k: int = 4
     (``kind``: one of :data:`COST_KINDS`); also ``"folds"``: window_id → fold.
 
     Each policy gets its own fit: a real step is the engine's whole ``step()``, and on the
-    committed CPU cases a batch of the same counts runs slower in total under ``slai_faithful``'s
-    port than under vLLM's own scheduler (a pooled fit leaves ``slai_faithful``'s steps 4–8% short
-    and ``vllm_faithful``'s about right; the ``schedule()`` time logged apart accounts for about a
-    third of the difference, and the rest is not in the step's counts). ``by_policy=False``: one
+    committed CPU cases batches of the same counts take longer in total under ``slai_faithful``'s
+    port than under vLLM's own scheduler (one rich fit for both predicts ``slai_faithful``'s total
+    1.6–2.8% short and ``vllm_faithful``'s 2.4–3.9% long; the ``schedule()`` time logged apart
+    differs between them by at most 1% of the step time, and the rest is not in the step's counts). ``by_policy=False``: one
     fit over every policy's steps, the same for each policy."""
     if kind not in COST_KINDS:
         raise ValueError(f"kind must be one of {', '.join(map(repr, COST_KINDS))}, got {kind!r}")
