@@ -4,10 +4,11 @@
     python benchmarks/fidelity_report.py --tag vllm_cpu_equal     # the equal-limits case
     python benchmarks/fidelity_report.py --tag vllm_cpu_equal_fixed   # ... re-run with the port fixed
 
-``--tag`` names the case (default the guarded case, the headline; ``vllm_cpu_equal`` or
+``--tag`` names the case (default the first guarded case; ``vllm_cpu_equal`` or
 ``vllm_cpu_equal_case``: the same RQ6 case with max_model_len 2,560 for both policies, each step's
-batch and each request's submission logged; ``vllm_cpu_equal_fixed``: that case re-run, one
-repetition, with the two port rules its replay named fixed). Every run is replayed as it ran (its max_model_len);
+batch and each request's submission logged; ``vllm_cpu_equal_fixed``: that case re-run with the
+two port rules its replay named fixed, the chapter's headline). Every run is replayed as it ran (its
+max_model_len);
 where the case logged each step's batch, each step's exact set of requests and tokens is compared
 as well as the counts, the race class is read from each request's ``submit_step``, and a second
 replay gives each request the arrival that makes the model first see it at its real submission step.

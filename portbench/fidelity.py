@@ -1010,7 +1010,7 @@ class RichStepCost:
     the right (most steps near the typical time, a few much slower: the host's jitter, the
     allocator, the scheduler's own work on a long queue). A fit aimed at the median step predicts
     the typical step well and every sum short — by 6–9% of the busy time on the committed CPU
-    cases, which the queue then amplifies into latencies 10–17% short. The shape's relative terms
+    cases, which the queue then amplifies into latencies 12–15% short (median). The shape's relative terms
     come from the robust fit, its level from the total. Like
     :class:`ShapedStepCost`, the ``vllm_v1`` engine takes it through its per-step hook
     (``step_ps``, which knows the step's scheduled sequences); ``picoseconds()`` and ``fixed_s`` are
@@ -1035,8 +1035,8 @@ class RichStepCost:
     @classmethod
     def fit(cls, steps: pd.DataFrame, *, match_total: bool = True):
         """Fit on a step log (``duration_s``, ``prefill_tokens``, ``decode_seqs``,
-        ``context_tokens``, ``scheduled_seqs``, optionally ``gap_s`` and ``busy``, as
-        :func:`run_steps` gives them). ``match_total=False``: the robust fit alone (aimed at the
+        ``context_tokens``, ``scheduled_seqs``, optionally ``gap_s``, as :func:`run_steps` gives
+        them). ``match_total=False``: the robust fit alone (aimed at the
         median step; its totals fall short)."""
         pooled = fit_linear(steps)
         x = _rich_design(steps["prefill_tokens"], steps["decode_seqs"], steps["context_tokens"],
@@ -1161,8 +1161,8 @@ def cross_validated_costs(steps: pd.DataFrame, runs: pd.DataFrame, *, k: int = 4
     committed CPU cases batches of the same counts take longer in total under ``slai_faithful``'s
     port than under vLLM's own scheduler (one rich fit for both predicts ``slai_faithful``'s total
     1.6–2.8% short and ``vllm_faithful``'s 2.4–3.9% long; the ``schedule()`` time logged apart
-    differs between them by at most 1% of the step time, and the rest is not in the step's counts). ``by_policy=False``: one
-    fit over every policy's steps, the same for each policy."""
+    differs between them by at most 1% of the step time, and the rest is not in the step's counts).
+    ``by_policy=False``: one fit over every policy's steps, the same for each policy."""
     if kind not in COST_KINDS:
         raise ValueError(f"kind must be one of {', '.join(map(repr, COST_KINDS))}, got {kind!r}")
     src = runs.groupby("window_id")["source"].first()
@@ -1230,8 +1230,7 @@ def counterpart_requests(runs: pd.DataFrame, requests: pd.DataFrame, steps: pd.D
                          speed_known: bool = False, by_policy: bool = True) -> pd.DataFrame:
     """Each real run's simulated counterpart, request by request: the ``vllm_v1`` model with the
     cost fitted (``kind``, :func:`cross_validated_costs`) on the run's policy's steps in the
-    windows of the other folds, the
-    run's refusal rule on both sides. Columns: the run's keys, ``source``, ``host_flagged``,
+    windows of the other folds, the run's refusal rule on both sides. Columns: the run's keys, ``source``, ``host_flagged``,
     ``request_index``, ``arrival_s``, ``output_tokens``, ``deadline_s``, real ``admit_s, first_token_s,
     finish_s``, the simulated ``*_sim``, ``refused_real``/``refused_sim``, ``cost_fold`` and
     ``speed_factor`` (1 unless ``speed_known``).
