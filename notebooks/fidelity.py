@@ -477,6 +477,23 @@ display(present.table(coefficients.rename(columns=lambda c: f"{c} (µs per unit)
 # `vllm_cpu_guarded_case_sim_requests.parquet`). Relative error |model − real| ÷ real:
 
 # %%
+def percent_table(frame):
+    """A table of shares shown as percentages, one decimal."""
+    return present.table((frame * 100).rename(columns=lambda c: f"{c} (%)"), digits=1)
+
+
+def latency_groups(errors: pd.DataFrame) -> pd.DataFrame:
+    """Median and p90 errors (``latency_error_table``) for every run, the runs the probe guard
+    accepted, each source and each policy, one row each."""
+    table = fidelity.latency_error_table
+    groups = pd.concat([table(errors).rename(index={"all": "every run"}),
+                        table(errors[~errors["host_flagged"]]).rename(index={"all": "probe guard accepted"}),
+                        table(errors, "source"), table(errors, "policy")])
+    groups.index = [present.label(g) for g in groups.index]
+    groups.index.name = "runs"
+    return groups
+
+
 counterpart = fidelity.counterpart_requests(runs, requests, steps_log, windows)
 latency = fidelity.latency_errors(counterpart)
 overall = fidelity.latency_error_table(latency).iloc[0]
@@ -489,12 +506,7 @@ glue("fid_guarded_e2e_median_rel_error_accepted", float(accepted["end-to-end med
 glue("fid_guarded_e2e_verdict", "it reproduces that case's per-request timing to the field's standard"
      if float(overall["end-to-end median"]) <= 0.10 else
      "it does not reproduce that case's per-request timing to the field's standard", display=False)
-by_group = pd.concat([fidelity.latency_error_table(latency).rename(index={"all": "every run"}),
-                      fidelity.latency_error_table(latency[~latency["host_flagged"]]).rename(index={"all": "probe guard accepted"}),
-                      fidelity.latency_error_table(latency, "source"), fidelity.latency_error_table(latency, "policy")])
-by_group.index = [present.label(g) for g in by_group.index]
-by_group.index.name = "runs"
-display(present.table((by_group * 100).rename(columns=lambda c: f"{c} (%)"), digits=1))
+display(percent_table(latency_groups(latency)))
 
 # %% [markdown]
 # **What the cost's fitting choices do.** The same counterparts under the robust fit alone with one
@@ -503,11 +515,7 @@ display(present.table((by_group * 100).rename(columns=lambda c: f"{c} (%)"), dig
 # the real engine did.
 
 # %%
-choices = fidelity.cost_choice_errors(runs, requests, steps_log, windows)
-glue("fid_guarded_e2e_median_rel_error_robust_fit", float(choices.iloc[0]["end-to-end median"]), display=False)
-glue("fid_guarded_e2e_signed_median_robust_fit", float(choices.iloc[0]["end-to-end signed median"]), display=False)
-glue("fid_guarded_e2e_signed_median", float(choices.iloc[-1]["end-to-end signed median"]), display=False)
-display(present.table((choices * 100).rename(columns=lambda c: f"{c} (%)"), digits=1))
+display(percent_table(fidelity.cost_choice_errors(runs, requests, steps_log, windows)))
 
 # %% [markdown]
 # A separate reading, **not a prediction**: each run's cost scaled by the run's own speed level (the
@@ -525,7 +533,7 @@ run_speed_group = pd.concat([fidelity.latency_error_table(run_speed).rename(inde
                              fidelity.latency_error_table(run_speed, "policy")])
 run_speed_group.index = [present.label(g) for g in run_speed_group.index]
 run_speed_group.index.name = "runs, each at its own speed"
-display(present.table((run_speed_group * 100).rename(columns=lambda c: f"{c} (%)"), digits=1))
+display(percent_table(run_speed_group))
 published = pd.DataFrame(fidelity.PUBLISHED_FIDELITY)
 published["value"] = [("under " if b == "under" else "") + present.pct(v, 1)
                       for b, v in zip(published["bound"], published["value"])]
@@ -685,7 +693,7 @@ def glue_missing_case(prefix: str) -> None:
                  "replay_step_agreement_submitted", "replay_request_agreement_submitted",
                  "replay_step_agreement_submitted_vllm_faithful", "replay_request_agreement_submitted_vllm_faithful",
                  *(f"{m}_{q}_rel_error" for m in ("e2e", "ttft", "tbt") for q in ("median", "p90")),
-                 "e2e_median_rel_error_robust_fit", "e2e_median_rel_error_pooled", "e2e_signed_median",
+                 "e2e_median_rel_error_robust_fit", "e2e_median_rel_error_pooled",
                  "cv_step_error_linear_small", "cv_step_error_rich_small"):
         glue(f"{prefix}_{name}", float("nan"), display=False)
     for name in ("n_runs", "max_model_len", *(f"{k}_{what}{x}" for k in CLASS_KEYS.values()
@@ -721,27 +729,19 @@ if equal_case is not None:
     e_by_source = fidelity.latency_error_table(e_latency, "source")
     for src, row in e_by_source.iterrows():
         glue(f"fid_equal_e2e_median_rel_error_{src}", float(row["end-to-end median"]), display=False)
-    e_group = pd.concat([fidelity.latency_error_table(e_latency).rename(index={"all": "every run"}),
-                         fidelity.latency_error_table(e_latency[~e_latency["host_flagged"]])
-                         .rename(index={"all": "probe guard accepted"}),
-                         e_by_source, fidelity.latency_error_table(e_latency, "policy")])
-    e_group.index = [present.label(g) for g in e_group.index]
     e_pairs = fidelity.latency_error_table(e_latency.assign(
         group=[f"{source_label(a)}, {b}" for a, b in zip(e_latency["source"], e_latency["policy"])]), "group")
-    e_group = pd.concat([e_group, e_pairs])
-    e_group.index.name = "runs"
-    display(present.table((e_group * 100).rename(columns=lambda c: f"{c} (%)"), digits=1))
+    display(percent_table(pd.concat([latency_groups(e_latency), e_pairs]).rename_axis("runs")))
     e_choices = fidelity.cost_choice_errors(e_runs, e_requests, e_steps, e_windows)
     glue("fid_equal_e2e_median_rel_error_robust_fit", float(e_choices.iloc[0]["end-to-end median"]), display=False)
     glue("fid_equal_e2e_median_rel_error_pooled", float(e_choices.iloc[1]["end-to-end median"]), display=False)
-    glue("fid_equal_e2e_signed_median", float(e_choices.iloc[-1]["end-to-end signed median"]), display=False)
     glue("fid_equal_e2e_verdict", "meets" if float(e_overall["end-to-end median"]) <= 0.10 else "misses",
          display=False)
     for kind in ("linear", "rich"):
         e_step_err = fidelity.step_error_table(fidelity.cross_validated_step_error(e_steps, e_runs, kind=kind))
         glue(f"fid_equal_cv_step_error_{kind}_small",
              float(e_step_err.loc[[i for i in e_step_err.index if i.startswith("small")][0], "median"]), display=False)
-    display(present.table((e_choices * 100).rename(columns=lambda c: f"{c} (%)"), digits=1))
+    display(percent_table(e_choices))
 
 # %% [markdown]
 # **What the equal-limits case shows.** Both policies refuse {glue:text}`fid_equal_refused_same:s`
