@@ -35,6 +35,10 @@ real_engine_runs = ["vllm_cpu_guarded_case", "vllm_cpu_equal_case", "vllm_cpu_st
 equal_limits_run = "vllm_cpu_equal_case"  # of those, the run with the same max_model_len for both policies ("": none)
 study_config_run = "vllm_cpu_study_case"  # of those, the run with the study's real-system configuration ("": none)
 exclude_host_flagged = False  # leave out runs whose host probes drifted on every attempt (see the fidelity chapter)
+gpu_run = "h200_study"     # the GPU run's file prefix in data/results/realengine ("": none)
+gpu_budget_s = 900         # the device time a GPU run is lent (s): what the plain verdict measures against
+gpu_windows_per_source = 8  # windows per source the GPU case is planned for (the device-time estimate)
+gpu_repetitions = 2        # repetitions of each window and policy it is planned for (likewise)
 
 # %% [markdown]
 # ## Method in detail
@@ -75,7 +79,7 @@ from portbench import present, stats, store
 from portbench.book import pair_label, source_label
 from portbench.campaign import load_results
 from portbench.realengine import study
-from portbench.realengine.study import CASE_POLICIES, CASE_REGION, realengine_dir, run_case
+from portbench.realengine.study import CASE_POLICIES, CASE_REGION, CASE_SOURCES, realengine_dir, run_case
 
 Path(output_dir).mkdir(parents=True, exist_ok=True)
 if rerun_backend:
@@ -462,4 +466,131 @@ glue("rq6_conclusion", sentence, display=False)
 # **{glue:text}`rq6_real_case_class`** on the real engine and **{glue:text}`rq6_sim_case_class`** in
 # the simulator, and the control ({glue:text}`rq6_control_pair`)
 # **{glue:text}`rq6_real_control_class`** and **{glue:text}`rq6_sim_control_class`**.
+# :::
+
+
+# %% [markdown]
+# ## The GPU run: the study's configuration on an H200
+#
+# The same prepared script (`portbench realengine gpu --config study`, the transformers
+# continuous-batching engine serving a random-weight model of Qwen2.5-0.5B's shape in bf16) was run on
+# a lent H200, in the study's real-system configuration: both policies at a 32,768-token budget and
+# `max_model_len`, whole-prompt admission, 256 sequences, at most 32 requests in flight, λ_ref searched
+# on `vllm_faithful`. What it measured, read from its files (`data/results/realengine/<gpu_run>_*`):
+
+# %%
+gpu = {}
+if gpu_run:
+    names = {"tuning": f"{gpu_run}_tuning.json", "profile": f"{gpu_run}_step_profile.parquet",
+             "cost": f"{gpu_run}_cost.json", "case": f"{gpu_run}_case.json", "runs": f"{gpu_run}_case_runs.parquet",
+             "steps": f"{gpu_run}_case_steps.parquet", "calibration": f"{gpu_run}_case_calibration.parquet"}
+    absent = [n for n in names.values() if not (realengine_dir() / n).exists()]
+    if absent:
+        raise FileNotFoundError(f"gpu_run={gpu_run!r}: no {', '.join(absent)} in {realengine_dir()}; "
+                                f"set gpu_run to empty to leave the GPU run out")
+    for key, name in names.items():
+        path = realengine_dir() / name
+        gpu[key] = json.loads(path.read_text()) if name.endswith(".json") else pd.read_parquet(path)
+    tuning_rows = pd.DataFrame(gpu["tuning"]["tuning"])
+    tuning_rows["CUDA graphs (prefill, decode)"] = tuning_rows["extra"].map(
+        lambda e: str(json.loads(e).get("use_cuda_graph")))
+    best_graphs = str(gpu["tuning"]["best_config"]["extra"].get("use_cuda_graph"))
+    tuning_rows["chosen"] = (tuning_rows["CUDA graphs (prefill, decode)"] == best_graphs.replace("(", "[")
+                             .replace(")", "]")) | (tuning_rows["CUDA graphs (prefill, decode)"] == best_graphs)
+    display(Markdown(f"**Provenance**: {gpu['case']['environment'].get('gpu') or 'no GPU named'}, "
+                     f"{gpu['case']['environment']['engine']} {gpu['case']['environment']['engine_version']}, "
+                     f"{gpu['case']['environment']['date'][:10]}. **What the tuning chose** (a {len(tuning_rows)}-"
+                     f"configuration tuning burst, {gpu['tuning']['tuning'][0].get('n_steps', '?')} steps each; the "
+                     f"configuration whose replay, set-up included, took the least wall time):"))
+    present.table(tuning_rows[["CUDA graphs (prefill, decode)", "setup_s", "wall_s", "tokens_per_s", "chosen"]],
+                  digits={"setup_s": 2, "wall_s": 2, "tokens_per_s": 0})
+
+# %%
+if gpu:
+    prof = gpu["profile"]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.4))
+    dec = prof[prof["prefill_tokens"] == 0].groupby(["context_tokens", "decode_seqs"])["step_s"].median().reset_index()
+    for ctx, g in dec.groupby("context_tokens"):
+        ax1.plot(g["decode_seqs"], g["step_s"] * 1e3, "o-", label=f"{ctx:,} context tokens each")
+    ax1.set_xlabel("decoding sequences in the step")
+    ax1.set_ylabel("step time (ms)")
+    ax1.set_title("decode steps", fontsize=9)
+    ax1.legend(fontsize=7)
+    pre = prof[prof["decode_seqs"] == 0].groupby("prefill_tokens")["step_s"].median().reset_index()
+    ax2.plot(pre["prefill_tokens"], pre["step_s"] * 1e3, "o-")
+    ax2.set_xlabel("prefill tokens in the step (no decodes)")
+    ax2.set_title("prefill steps", fontsize=9)
+    for ax in (ax1, ax2):
+        ax.set_ylim(bottom=0)
+    fig.tight_layout()
+    present.figure("rq6_gpu_profile", fig, output_dir, "rq6_gpu_profile.png")
+
+    runs_gpu, cal = gpu["runs"], gpu["calibration"]
+    steps_gpu = gpu["steps"][gpu["steps"]["kept"].astype(bool)]
+    per_run_s = float(runs_gpu["wall_s"].mean())
+    probe_s = float(runs_gpu[["probe_before_s", "probe_after_s"]].mean().sum())
+    repetitions = int(gpu_repetitions)
+    need_runs = len(gpu["case"]["case"]["sources"]) * gpu_windows_per_source * len(CASE_POLICIES) * repetitions
+    searches = len(gpu["case"]["case"]["sources"]) * gpu_windows_per_source
+    per_search = float(cal.groupby("window_id").size().mean()) if len(cal) else 4.0
+    need_s = need_runs * (per_run_s + probe_s) + searches * per_search * per_run_s
+    cost = gpu["cost"]
+    both = runs_gpu.groupby("window_id")["policy"].nunique().eq(2).sum()
+    pinned = [w for w, e in gpu["case"]["lambda_ref_real"].items() if e.get("pinned")]
+    glue("rq6_gpu_runs", len(runs_gpu), display=False)
+    glue("rq6_gpu_step_ms", present.num(steps_gpu["duration_s"].median() * 1e3, 0), display=False)
+    glue("rq6_gpu_run_s", present.num(per_run_s, 0), display=False)
+    glue("rq6_gpu_need_min", present.num(need_s / 60, 0), display=False)
+    glue("rq6_gpu_cost_error", present.pct(cost["case_steps"]["median_abs_rel_error"], 1), display=False)
+    verdict_gpu = (
+        f"On the {gpu['case']['environment'].get('gpu') or 'GPU'}, {present.count(len(runs_gpu), 'run')} of the case "
+        f"{'was' if len(runs_gpu) == 1 else 'were'} made "
+        f"({present.count(int(runs_gpu['window_id'].nunique()), 'window')}, "
+        f"{present.join(sorted(set(runs_gpu['policy'])))}); {present.count(int(both), 'window')} ran under both "
+        f"policies, so no SLAI − vLLM difference on this GPU can be estimated, and nothing here confirms or "
+        f"contradicts the A100's "
+        + " / ".join(present.signed(d, 3) for d in original.set_index("source").loc[list(CASE_SOURCES), "delta"])
+        + f" ({' / '.join(source_label(s_) for s_ in CASE_SOURCES)}). "
+        + (f"The λ_ref search of {present.join(pinned)} ended pinned at its low bound (the knee lies below "
+           f"λ = {present.num(min(gpu['case']['lambda_ref_real'][w]['lambda'] for w in pinned), 2)}), so that run "
+           f"is above HIGH_PRESSURE, not at it. " if pinned else "")
+        + f"Why so few: this engine takes a median {present.num(steps_gpu['duration_s'].median() * 1e3, 0)} ms a "
+        f"step on the real window (a median {present.num(steps_gpu['decode_seqs'].median(), 0)} decodes over "
+        f"{present.num(steps_gpu['context_tokens'].median() / 1e3, 0)}k "
+        f"context tokens; its paged attention grows with the context, see the profile), so one window replays in "
+        f"about {present.num(per_run_s, 0)} s; the case at {gpu_windows_per_source} windows per source, "
+        f"{present.count(repetitions, 'repetition')} and a λ_ref "
+        f"search of {present.num(per_search, 0)} replays a window (the shortened search made here) needs at least "
+        f"{present.num(need_s / 60, 0)} "
+        f"device-minutes, against the {present.num(gpu_budget_s / 60, 0)} a lease gives.")
+    glue("rq6_gpu_verdict", verdict_gpu, display=False)
+    display(Markdown(
+        f"The step cost refitted on this profile (relative least squares): "
+        f"{present.num(cost['cost']['fixed_s'] * 1e3, 1)} ms + {present.num(cost['cost']['per_prefill_token_s'] * 1e6, 2)} µs "
+        f"per prefill token + {present.num(cost['cost']['per_decode_seq_s'] * 1e6, 1)} µs per decoding sequence + "
+        f"{present.num(cost['cost']['per_context_token_s'] * 1e9, 0)} ns per context token, "
+        f"{present.pct(cost['fit_median_rel_error'], 1)} median error on the profile's {cost['profile_rows']} steps and "
+        f"{present.pct(cost['case_steps']['median_abs_rel_error'], 1)} on the case run's "
+        f"{present.num(cost['case_steps']['n'], 0)} steps (out of sample; contexts up to "
+        f"{present.num(cost['case_steps']['max_context_tokens'], 0)} tokens, the profile's up to "
+        f"{present.num(cost['case_steps']['max_profile_context_tokens'], 0)}), whose total it puts at "
+        f"{present.pct(cost['case_steps']['sum_predicted_over_measured'], 0)} of the measured."))
+    present.table(runs_gpu[["window_id", "policy", "lambda_ref_real", "lambda_pinned", "load_factor", "wall_s",
+                            "n_steps", "anwg", "slo_violation_rate", "drift", "host_flagged"]],
+                  digits={"lambda_ref_real": 2, "load_factor": 2, "wall_s": 1, "n_steps": 0, "anwg": 3,
+                          "slo_violation_rate": 3, "drift": 2})
+
+# %% [markdown]
+# :::{glue:figure} rq6_gpu_profile
+# :name: fig-rq6-gpu-profile
+# :alt: Two line charts of the transformers engine's step time on the H200: decode steps against the number of decoding sequences for two context lengths, and prefill-only steps against prefill tokens.
+#
+# **The engine's step on the H200.** Left: a decode step's time grows with the context it reads
+# (32 sequences of 2,048 tokens take about four times 32 of 256); right: a prefill-only step against
+# its prompt tokens. Medians of the timed steps of the profile.
+# :::
+#
+# :::{admonition} The GPU run, in plain words
+# :class: warning
+# {glue:text}`rq6_gpu_verdict:s`
 # :::

@@ -135,3 +135,41 @@ def test_probe_replays_the_fixed_batch():
 def test_an_oracle_policy_is_refused_on_a_real_engine():
     with pytest.raises(ValueError, match="srpt_oracle.*oracle.*true output lengths"):
         tb.scheduler_type("srpt_oracle")
+
+
+def _in_flight(result, submit_s):
+    """The most requests submitted and not yet finished at any submission."""
+    return max(int(((submit_s <= t) & (result.finish_s > t)).sum()) for t in submit_s)
+
+
+def test_max_in_flight_holds_due_requests_back(window):
+    burst = make_window("cap-test", "synthetic", np.zeros(12), np.full(12, 32), np.full(12, 8), np.full(12, 8))
+    result, info = tb.replay(burst, "vllm_faithful", shape=SHAPE, max_batch_tokens=256, block_size=16,
+                             num_blocks=512, max_in_flight=3)
+    submit = np.asarray(info["submit_s"])
+    assert result.completed.all() and np.isfinite(submit).all()
+    assert _in_flight(result, submit) <= 3
+    assert info["n_held_by_cap"] >= 9                  # every request after the first three waited
+    assert np.all(submit[3:] > 0) and np.all(result.admit_s >= submit - 1e-9)
+    assert info["engine_config"]["max_in_flight"] == 3
+    # the deadline still counts from the trace arrival, not from the submission
+    np.testing.assert_array_equal(result.arrival_s, burst.arrival_s)
+    _, free = tb.replay(burst, "vllm_faithful", shape=SHAPE, max_batch_tokens=256, block_size=16, num_blocks=512)
+    assert free["n_held_by_cap"] == 0
+    with pytest.raises(ValueError, match="max_in_flight"):
+        tb.replay(burst, "vllm_faithful", shape=SHAPE, max_in_flight=0)
+
+
+def test_whole_prompt_admission_for_slai():
+    # prompts of 100 tokens against a 128-token budget: chunked, some prompt is split across steps;
+    # without chunked prefill every step's prefill is a sum of whole prompts
+    n = 6
+    burst = make_window("whole-test", "synthetic", np.zeros(n), np.full(n, 100), np.full(n, 4), np.full(n, 4))
+    kw = dict(shape=SHAPE, max_batch_tokens=128, block_size=16, num_blocks=512)
+    _, chunked = tb.replay(burst, "slai_faithful", **kw)
+    result, whole = tb.replay(burst, "slai_faithful", enable_chunked_prefill=False, **kw)
+    assert result.completed.all()
+    assert (chunked["steps"]["prefill_tokens"] % 100 != 0).any()
+    assert (whole["steps"]["prefill_tokens"] % 100 == 0).all()
+    with pytest.raises(tb.ReplayError, match="enable_chunked_prefill"):
+        tb.replay(burst, "edf", enable_chunked_prefill=False, **kw)

@@ -106,20 +106,33 @@ def probe_figures(info: dict) -> dict:
 PROBE_WARMUP, PROBE_REPEATS = 1, 3
 
 
-def steady_probe(replay_once) -> dict:
+def steady_probe(replay_once, warmup: int = PROBE_WARMUP, repeats: int = PROBE_REPEATS) -> dict:
     """A host probe from ``replay_once()`` (a backend's info for one replay of the fixed batch):
-    :data:`PROBE_WARMUP` untimed replays, then the figures (:func:`probe_figures`) of the median of
-    :data:`PROBE_REPEATS` timed ones, with every timed wall time in ``walls_s``."""
-    for _ in range(PROBE_WARMUP):
+    ``warmup`` untimed replays (:data:`PROBE_WARMUP`), then the figures (:func:`probe_figures`) of the
+    median of ``repeats`` timed ones (:data:`PROBE_REPEATS`), with every timed wall time in ``walls_s``."""
+    if int(repeats) < 1 or int(warmup) < 0:
+        raise ValueError(f"a probe needs repeats >= 1 and warmup >= 0 (got repeats={repeats}, warmup={warmup})")
+    for _ in range(int(warmup)):
         replay_once()
-    figures = sorted((probe_figures(replay_once()) for _ in range(PROBE_REPEATS)), key=lambda f: f["wall_s"])
+    figures = sorted((probe_figures(replay_once()) for _ in range(int(repeats))), key=lambda f: f["wall_s"])
     return {**figures[len(figures) // 2], "walls_s": [f["wall_s"] for f in figures]}
 
 
+def gpu_name(device: str) -> str | None:
+    """The accelerator's name for a ``cuda`` device (``torch.cuda.get_device_name``), else None."""
+    if not str(device).startswith("cuda"):
+        return None
+    try:
+        import torch
+        return torch.cuda.get_device_name(torch.device(device)) if torch.cuda.is_available() else None
+    except Exception:               # provenance only: never fail a run over it
+        return None
+
+
 def environment(engine: str, engine_version: str, shape: ModelShape, device: str) -> dict:
-    """Provenance recorded with every real-engine result."""
+    """Provenance recorded with every real-engine result (``gpu``: the accelerator's name, or None)."""
     return {"engine": engine, "engine_version": engine_version, "model_shape": dataclasses.asdict(shape),
-            "device": device, "hardware": platform.processor() or platform.machine(),
+            "device": device, "gpu": gpu_name(device), "hardware": platform.processor() or platform.machine(),
             "platform": platform.platform(), "python": platform.python_version(),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 

@@ -17,6 +17,7 @@ drifted (:func:`run_case`). Per-request times are written to
 from __future__ import annotations
 
 import datetime
+import functools
 import importlib
 import json
 import math
@@ -211,7 +212,8 @@ def run_case(backend_name, *, n_per_source: int = 10, sources=CASE_SOURCES,
              resume: bool = True, time_budget_s: float | None = None, tag: str | None = None,
              data_dir: Path | None = None, progress: bool = True, windows=None,
              lambda_refs: dict | None = None, lambda_policy: str = "fifo",
-             **engine_kwargs) -> pd.DataFrame:
+             probe_warmup: int = PROBE_WARMUP, probe_repeats: int = PROBE_REPEATS,
+             adapt_bracket: float | None = None, **engine_kwargs) -> pd.DataFrame:
     """Calibrate and replay the case on a real engine, guarded against a slow host; returns the
     per-run table (one row per window × policy × repetition).
 
@@ -221,7 +223,10 @@ def run_case(backend_name, *, n_per_source: int = 10, sources=CASE_SOURCES,
     1 ms per token has its knee about ``r`` times lower), within a factor ``bracket_factor`` either
     way, widened up to ``max_widenings`` times when the knee is outside, then bisected
     ``bisection_steps`` times (:func:`find_real_lambda_ref`), replaying ``lambda_policy`` (FIFO; the
-    study's own real-system search replayed ``vllm_faithful``).
+    study's own real-system search replayed ``vllm_faithful``). ``adapt_bracket`` (a factor, e.g. 2):
+    once a source has searched windows, its next windows are bracketed within that factor of the
+    simulator's λ_ref × the median real/simulated λ_ref ratio of that source so far (a narrower
+    bracket, fewer replays; widened as before when the knee is outside it).
 
     **Host guard** (``guard=True``): at the start, a reference probe per policy (the median wall time
     of ``reference_probes`` runs of the backend's ``probe``: a fixed 8-request batch on that
@@ -232,7 +237,8 @@ def run_case(backend_name, *, n_per_source: int = 10, sources=CASE_SOURCES,
     least-drifting one is kept with ``host_flagged=True``. Every run stores its probe figures (:data:`GUARD_COLUMNS`); every attempt
     also goes to ``<tag>_attempts.parquet`` (``accepted``: within tolerance, ``kept``: the run
     table's). When a resumed case's new reference is slower than the stored one by more than the
-    tolerance, the stored one is kept (the host is slow now).
+    tolerance, the stored one is kept (the host is slow now). Each probe replays the batch
+    ``probe_warmup`` times untimed and ``probe_repeats`` times timed (the median counts).
 
     ``repetitions`` runs of each (window, policy) (column ``repetition``), interleaved in time, show
     the run-to-run noise floor. Written under ``data/results/realengine/``: ``<tag>_runs``,
@@ -302,12 +308,13 @@ def run_case(backend_name, *, n_per_source: int = 10, sources=CASE_SOURCES,
                  "n_per_source": n_per_source, "speed_ratio": speed_ratio,
                  "bracket_factor": bracket_factor, "max_widenings": max_widenings,
                  "bisection_steps": bisection_steps, "repetitions": repetitions, "guard": bool(guard),
+                 "adapt_bracket": adapt_bracket,
                  "lambda_policy": lambda_policy,
                  "drift_tolerance": drift_tolerance, "max_retries": max_retries,
                  "reference_probes": reference_probes, "retry_wait_s": retry_wait_s},
         "probe": {"requests": PROBE_REQUESTS, "prompt_tokens": PROBE_PROMPT_TOKENS,
-                  "output_tokens": PROBE_OUTPUT_TOKENS, "arrival_s": 0.0, "warmup": PROBE_WARMUP,
-                  "repeats": PROBE_REPEATS},
+                  "output_tokens": PROBE_OUTPUT_TOKENS, "arrival_s": 0.0, "warmup": int(probe_warmup),
+                  "repeats": int(probe_repeats)},
         "engine_kwargs": {k: repr(v) for k, v in engine_kwargs.items() if k != "model"},
         "environment": meta_old.get("environment", {}),
         "engine_info": meta_old.get("engine_info", {}),
@@ -320,6 +327,20 @@ def run_case(backend_name, *, n_per_source: int = 10, sources=CASE_SOURCES,
 
     def write():
         _write_case(out, tag, runs, requests, calibration, steps, attempts, meta)
+
+    if guard and (int(probe_warmup), int(probe_repeats)) != (PROBE_WARMUP, PROBE_REPEATS):
+        probe = functools.partial(probe, warmup=int(probe_warmup), repeats=int(probe_repeats))
+
+    def bracket_guess(w) -> tuple[float, float]:
+        """The search's first guess and bracket factor for window ``w``."""
+        sim = float(w.meta.get("paper_lambda_ref", 1.0))
+        if adapt_bracket:
+            ratios = [float(e["lambda"]) / float(ws.meta.get("paper_lambda_ref", 1.0))
+                      for ws in windows if ws.source == w.source and ws.window_id in lambdas
+                      for e in (lambdas[ws.window_id],) if not e.get("pinned")]
+            if ratios:
+                return sim * float(np.median(ratios)), float(adapt_bracket)
+        return sim * speed_ratio, bracket_factor
 
     if not plan:
         return pd.DataFrame(runs)
@@ -365,10 +386,10 @@ def run_case(backend_name, *, n_per_source: int = 10, sources=CASE_SOURCES,
             break
         cal = lambdas.get(w.window_id)
         if cal is None:
-            guess = float(w.meta.get("paper_lambda_ref", 1.0)) * speed_ratio
+            guess, factor = bracket_guess(w)
             lam, p, pinned = find_real_lambda_ref(
-                w, mod.replay, lo=guess / bracket_factor, hi=guess * bracket_factor,
-                steps=bisection_steps, bracket_factor=bracket_factor, max_widenings=max_widenings,
+                w, mod.replay, lo=guess / factor, hi=guess * factor,
+                steps=bisection_steps, bracket_factor=factor, max_widenings=max_widenings,
                 policy=lambda_policy, **engine_kwargs)
             calibration += p
             cal = lambdas[w.window_id] = {"lambda": lam, "pinned": bool(pinned),

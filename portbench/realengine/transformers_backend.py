@@ -60,8 +60,8 @@ from ..metrics import run_span_s
 from ..policies._common import estimate
 from ..policies.slai_faithful import SLAI
 from ..workload import Window
-from . import (ModelShape, environment, probe_window, random_prompt, refuse_oracles, steady_probe,
-               to_run_result)
+from . import (PROBE_REPEATS, PROBE_WARMUP, ModelShape, environment, probe_window, random_prompt,
+               refuse_oracles, steady_probe, to_run_result)
 
 try:  # the engine is an optional extra (pip install -e .[transformers])
     import torch
@@ -121,10 +121,12 @@ class PortbenchScheduler(FIFOScheduler):
         self.step_log: list[tuple] = []
         self._pending_after_last: set[str] = set()
 
-    def bind(self, index_of: dict[str, int], keys: list, params: dict | None = None) -> None:
+    def bind(self, index_of: dict[str, int], keys: list, params: dict | None = None, *,
+             whole_prompts: bool = False) -> None:
         self.index_of = dict(index_of)
         self.keys = list(keys)
         self.params = dict(params or {})
+        self.whole_prompts = bool(whole_prompts)
 
     def key(self, request_id: str):
         i = self.index_of.get(request_id)
@@ -255,6 +257,19 @@ class SlaiFaithfulScheduler(PortbenchScheduler):
         if not self.block_new_requests:
             waiting = sorted(self._get_waiting_candidates(),
                              key=lambda s: (len(s.remaining_prefill_tokens), self.index(s.request_id)))
+        if getattr(self, "whole_prompts", False):
+            # chunked prefill off (vLLM v1 without it): a waiting request enters only with its whole
+            # prompt in the budget left after the critical decodes and prompt chunks, and admission
+            # closes at the first that does not fit
+            left = token_budget - len(critical) - sum(len(s.remaining_prefill_tokens) for s in prefilling)
+            fits = []
+            for s in waiting:
+                n = len(s.remaining_prefill_tokens)
+                if n > left:
+                    break
+                fits.append(s)
+                left -= n
+            waiting = fits
         out = self._finish_schedule(critical + prefilling + waiting + non_critical, token_budget, cache_budget)
         if waiting and not out[0] and (decoding or prefilling):
             # The engine stops its walk at a waiting request that meets a full cache, before our
@@ -267,6 +282,9 @@ class SlaiFaithfulScheduler(PortbenchScheduler):
                 lst[fs.state.request_id] = fresh
         return out
 
+
+#: The policies that can run with ``enable_chunked_prefill=False`` (whole-prompt admission).
+WHOLE_PROMPT_POLICIES = ("vllm_faithful", "slai_faithful")
 
 #: policy name -> scheduler class (registered in the engine as ``portbench_<policy>``)
 POLICIES: dict[str, type[PortbenchScheduler]] = {
@@ -378,7 +396,8 @@ def _engine_config(policy, *, max_batch_tokens, block_size, num_blocks, seed, ex
 def replay(window: Window, policy: str, *, shape: ModelShape = ModelShape(), device: str = "cpu",
            max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS, block_size: int = DEFAULT_BLOCK_SIZE,
            num_blocks: int = DEFAULT_NUM_BLOCKS, seed: int = 0, extra: dict | None = None,
-           policy_params: dict | None = None, timeout_s: float | None = None, model=None):
+           policy_params: dict | None = None, timeout_s: float | None = None, model=None,
+           max_in_flight: int | None = None, enable_chunked_prefill: bool = True):
     """Replay ``window`` (already time-scaled) on the engine in real time under ``policy``.
 
     extra: more ``ContinuousBatchingConfig`` fields (e.g. ``use_cuda_graph``, ``default_compile_level``,
@@ -388,13 +407,26 @@ def replay(window: Window, policy: str, *, shape: ModelShape = ModelShape(), dev
     timeout_s: give up (ReplayError) if no result comes for this long after the last submission
         (default 300 s).
     model: a model from :func:`build_model` to reuse (it must have ``shape``'s config).
+    max_in_flight: hold a due request back while this many submitted requests are unfinished (the
+        study's real-system client: 32 worker threads, each blocking on one request); its deadline
+        still counts from its trace arrival. None: no cap.
+    enable_chunked_prefill: False admits a waiting request only with its whole prompt in the step's
+        budget, closing admission at the first that does not fit (vLLM v1 without chunked prefill;
+        ``vllm_faithful`` always does so; supported for ``slai_faithful`` too).
 
-    Returns ``(RunResult, info)``; info has the engine version, device, shape, wall time, generated
-    tokens per second, evictions, submission lag, the per-step log (a DataFrame) and ``environment``.
+    Returns ``(RunResult, info)``; info has the engine version, device, shape, wall time, the
+    engine's set-up time before the first submission (``setup_s``: cache, CUDA-graph warm-up),
+    generated tokens per second, evictions, submission lag (over requests not held by the cap),
+    each request's submission time (``submit_s``), the per-step log (a DataFrame) and ``environment``.
     """
     import pandas as pd
 
     stype = scheduler_type(policy)
+    if max_in_flight is not None and int(max_in_flight) < 1:
+        raise ValueError(f"max_in_flight must be >= 1 (got {max_in_flight})")
+    if not enable_chunked_prefill and policy not in WHOLE_PROMPT_POLICIES:
+        raise ReplayError(f"enable_chunked_prefill=False is supported for {', '.join(WHOLE_PROMPT_POLICIES)}, "
+                          f"not {policy!r}")
     _check_fits(window, policy, shape, block_size=block_size, num_blocks=num_blocks,
                 max_batch_tokens=max_batch_tokens)
     n = len(window)
@@ -412,6 +444,7 @@ def replay(window: Window, policy: str, *, shape: ModelShape = ModelShape(), dev
     if timeout_s is None:
         timeout_s = 300.0
 
+    t_setup = time.perf_counter()
     with model.continuous_batching_context_manager(generation_config=gen_config,
                                                    continuous_batching_config=cb_config) as manager:
         deadline = time.monotonic() + 30.0
@@ -422,13 +455,14 @@ def replay(window: Window, policy: str, *, shape: ModelShape = ModelShape(), dev
         sched = manager.batch_processor.scheduler
         if not isinstance(sched, POLICIES[policy]):
             raise ReplayError(f"engine built {type(sched).__name__}, expected {stype}")
-        sched.bind(dict(zip(ids, range(n))), keys, policy_params)
+        sched.bind(dict(zip(ids, range(n))), keys, policy_params, whole_prompts=not enable_chunked_prefill)
         # The submit loop needs the GIL to wake on time; the default 5 ms switch interval showed as up
         # to 5 ms of submission lag. A shorter one while replaying (restored after) keeps it ~1 ms.
         switch = sys.getswitchinterval()
         sys.setswitchinterval(min(switch, SWITCH_INTERVAL_S))
         try:
-            t0, lag, outputs, n_steps = _submit_and_collect(manager, prompts, ids, arrival, window, timeout_s)
+            t0, submit, held, outputs, n_steps = _submit_and_collect(manager, prompts, ids, arrival, window,
+                                                                     timeout_s, max_in_flight, t_setup)
         finally:
             sys.setswitchinterval(switch)
         wall = time.perf_counter() - t0
@@ -447,47 +481,64 @@ def replay(window: Window, policy: str, *, shape: ModelShape = ModelShape(), dev
         steps["step_s"] = nxt.where(steps["steady"].shift(-1, fill_value=False).astype(bool))
         steps = steps.drop(columns="steady")
     generated = int(window.output_tokens.sum())
+    lag = (submit - arrival)[~held] if (~held).any() else np.zeros(1)
     info = {
         "engine": ENGINE, "engine_version": engine_version(), "torch_version": torch.__version__,
         "device": str(device), "scheduler_type": stype, "shape": dataclasses.asdict(shape),
         "engine_config": {"max_batch_tokens": max_batch_tokens, "block_size": block_size,
-                          "num_blocks": num_blocks, **(extra or {})},
+                          "max_model_len": shape.max_position_embeddings,
+                          "num_blocks": num_blocks, "max_in_flight": max_in_flight,
+                          "enable_chunked_prefill": bool(enable_chunked_prefill), **(extra or {})},
         "policy_params": dict(policy_params or {}), "torch_threads": torch.get_num_threads(),
-        "wall_s": wall, "generated_tokens": generated, "generated_tokens_per_s": generated / wall,
+        "wall_s": wall, "setup_s": float(t0 - t_setup), "generated_tokens": generated, "generated_tokens_per_s": generated / wall,
         "n_steps": int(n_steps), "n_evictions": int(n_evictions),
         "submit_lag_max_s": float(lag.max()), "submit_lag_mean_s": float(lag.mean()),
+        "submit_s": submit, "n_held_by_cap": int(held.sum()),
         "steps": steps,
         "environment": environment(ENGINE, engine_version(), shape, str(device)),
     }
     return result, info
 
 
-def probe(policy: str = "fifo", **engine_kwargs) -> dict:
+def probe(policy: str = "fifo", *, warmup: int = PROBE_WARMUP, repeats: int = PROBE_REPEATS,
+          **engine_kwargs) -> dict:
     """The host probe: :func:`portbench.realengine.probe_window` (8 requests of 64 prompt and 32
     output tokens, all at t = 0) replayed under ``policy`` with the case's engine settings (pass
-    ``model=`` to reuse a built model). Returns ``wall_s``, ``mean_step_s`` and ``n_steps``."""
-    return steady_probe(lambda: replay(probe_window(), policy, **engine_kwargs)[1])
+    ``model=`` to reuse a built model), ``warmup`` untimed and ``repeats`` timed times. Returns
+    ``wall_s``, ``mean_step_s`` and ``n_steps``."""
+    return steady_probe(lambda: replay(probe_window(), policy, **engine_kwargs)[1], warmup, repeats)
 
 
-def _submit_and_collect(manager, prompts, ids, arrival, window, timeout_s):
-    """Submit request i at t0 + arrival[i] (real time), then wait for every result."""
+def _submit_and_collect(manager, prompts, ids, arrival, window, timeout_s, max_in_flight=None, t_setup=None):
+    """Submit request i at t0 + arrival[i] (real time), or, when ``max_in_flight`` requests are
+    unfinished, as soon as one finishes; collect every result. Returns ``(t0, submit_s, held,
+    outputs, n_steps)``: ``submit_s[i]`` the time request i was added (s from t0), ``held[i]`` True
+    when it was due while the cap was full."""
     n = len(ids)
-    lag = np.zeros(n)
+    cap = n if max_in_flight is None else int(max_in_flight)
+    submit = np.full(n, np.nan)
+    held = np.zeros(n, dtype=bool)
     outputs: dict[str, object] = {}
     t0 = time.perf_counter()
-    for i in range(n):
-        wait = t0 + arrival[i] - time.perf_counter()
-        if wait > 0:
-            time.sleep(wait)
-        lag[i] = time.perf_counter() - t0 - arrival[i]
-        rid = manager.add_request(prompts[i], request_id=ids[i], max_new_tokens=int(window.output_tokens[i]),
-                                  record_timestamps=True)
-        if rid is None:
-            raise ReplayError(f"the engine refused request {i} "
-                              f"({manager.background_thread_status.fatal_error!r})")
     t_last = time.monotonic()
+    i = 0
     while len(outputs) < n:
-        out = manager.get_result(timeout=0.5)
+        if i < n and i - len(outputs) < cap:
+            wait = t0 + arrival[i] - time.perf_counter()
+            if wait > 0:
+                time.sleep(wait)
+            submit[i] = time.perf_counter() - t0
+            rid = manager.add_request(prompts[i], request_id=ids[i], max_new_tokens=int(window.output_tokens[i]),
+                                      record_timestamps=True)
+            if rid is None:
+                raise ReplayError(f"the engine refused request {i} "
+                                  f"({manager.background_thread_status.fatal_error!r})")
+            i += 1
+            t_last = time.monotonic()
+            continue
+        if i < n and time.perf_counter() - t0 >= arrival[i]:
+            held[i] = True                      # due, but the cap is full
+        out = manager.get_result(timeout=0.5 if i >= n else 0.05)
         if out is None:
             fatal = manager.background_thread_status.fatal_error
             if fatal is not None or not manager.is_running():
@@ -497,7 +548,7 @@ def _submit_and_collect(manager, prompts, ids, arrival, window, timeout_s):
             continue
         t_last = time.monotonic()
         outputs[out.request_id] = out
-    return t0, lag, outputs, manager.current_batch
+    return t0, submit, held, outputs, manager.current_batch
 
 
 # ---------------------------------------------------------------------------------- step profile

@@ -80,8 +80,8 @@ from pathlib import Path
 
 import numpy as np
 
-from . import (ModelShape, environment, probe_window, random_prompt, refuse_oracles, steady_probe,
-               to_run_result)
+from . import (PROBE_REPEATS, PROBE_WARMUP, ModelShape, environment, probe_window, random_prompt,
+               refuse_oracles, steady_probe, to_run_result)
 from ..metrics import run_span_s
 from ..policies._common import estimate
 from ..workload import Window
@@ -654,12 +654,14 @@ def replay(window: Window, policy: str, *, shape: ModelShape = ModelShape(),
     return result, info
 
 
-def probe(policy: str = "fifo", **engine_kwargs) -> dict:
+def probe(policy: str = "fifo", *, warmup: int = PROBE_WARMUP, repeats: int = PROBE_REPEATS,
+          **engine_kwargs) -> dict:
     """The host probe: the fixed batch of :func:`portbench.realengine.probe_window` (8 requests of 64
     prompt and 32 output tokens, all at t = 0) replayed on the engine ``policy`` runs on with these
     settings (the cached, already built engine is reused). Returns ``wall_s``, ``mean_step_s`` and
-    ``n_steps``; the case compares the wall time with its reference to see a slow host."""
-    return steady_probe(lambda: replay(probe_window(), policy, **engine_kwargs)[1])
+    ``n_steps``; the case compares the wall time with its reference to see a slow host. ``warmup``
+    untimed and ``repeats`` timed replays (:func:`portbench.realengine.steady_probe`)."""
+    return steady_probe(lambda: replay(probe_window(), policy, **engine_kwargs)[1], warmup, repeats)
 
 
 def engine_outcomes(policy: str, requests, *, shape: ModelShape = ModelShape(), seed: int = 0,
