@@ -970,8 +970,8 @@ present.figure("comparison_match", fig, output_dir, "comparison_match.png")
 # ({glue:text}`rq6_real_engine.ipynb::rq6_original_azure_llm_2024:s`,
 # {glue:text}`rq6_real_engine.ipynb::rq6_original_burstgpt:s` and
 # {glue:text}`rq6_real_engine.ipynb::rq6_original_bailian_qwen:s` on Azure, BurstGPT and Bailian), so
-# there the simulated reversal did not reproduce. Ours reads differently ({doc}`rq6_real_engine`).
-# {glue:text}`rq6_real_engine.ipynb::rq6_conclusion:s` The study's run scripts (in its repository's
+# there the simulated reversal did not reproduce. Ours, in short ({doc}`rq6_real_engine`):
+# {glue:text}`rq6_real_engine.ipynb::rq6_short_finding:s` The study's run scripts (in its repository's
 # `scripts/real_vllm/`) gave both policies `--max-model-len 32768` with chunked prefill off, so of our
 # real-engine runs only the study-configuration one compares like for like with the A100 figures, and
 # even it differs in hardware and model. In the simulator, the {doc}`fidelity` chapter's ablation finds

@@ -50,8 +50,9 @@ slow_step_ratio = 1.8      # a run whose real steps take this many times the cos
 # **The real engine runs on a shared 2-core machine**, whose speed drifts by ±15% and, for minutes at
 # a time, by 2–6×. The case is therefore guarded: a fixed probe (the same engine, a fixed 8-request
 # batch) runs before and after every replay and is compared with a reference taken at the start; a
-# replay whose probes drift by more than the tolerance is re-run (at most twice) and, if every attempt
-# drifted, kept with a *host-flagged* mark. Every (window, policy) is replayed twice, which shows the
+# replay whose probes drift by more than the tolerance is re-run (at most as often as the case's
+# `max_retries` says: twice in the RQ6 cases, never in RQ7's) and, if every attempt drifted, kept
+# with a *host-flagged* mark. Every (window, policy) is replayed twice, which shows the
 # run-to-run noise, and every engine step is logged, so each run's steps can be set against the cost
 # model for the very batches it ran.
 #
@@ -76,7 +77,7 @@ from myst_nb import glue
 
 from IPython.display import Markdown, display
 
-from portbench import fidelity, present, stats, store
+from portbench import fidelity, present, repeatability, stats, store
 from portbench.book import source_label
 from portbench.campaign import load_results, results_path as campaign_path
 from portbench.engine_v1 import StepCost
@@ -602,6 +603,13 @@ if rq7_path.exists():
     glue("fid_rq7_mean_abs_anwg_error", float(rq7_summary["mean_abs_anwg_error"]), display=False)
     glue("fid_rq7_tau_b", float(rq7_summary["tau_b_anwg"]), display=False)
     glue("fid_rq7_n_runs", int(rq7_summary["n_runs"]), display=False)
+    glue("fid_rq7_n_flagged", int(rq7_runs["host_flagged"].sum()), display=False)
+    rq7_meta = json.loads(real_file(rq7_tag, "case.json").read_text()) if real_file(rq7_tag, "case.json").exists() else {}
+    glue("fid_rq7_max_retries", int(rq7_meta.get("case", {}).get("max_retries", -1)), display=False)
+    # the same figure between the real engine's two repetitions of each (window, policy)
+    rq7_wide = rq7_runs.pivot_table(index=["window_id", "policy"], columns="repetition", values="anwg")
+    glue("fid_rq7_noise_mean_abs_anwg", float((rq7_wide[0] - rq7_wide[1]).abs().mean())
+         if {0, 1} <= set(rq7_wide.columns) else float("nan"), display=False)
     rq7_err["abs_error"] = (rq7_err["anwg_sim"] - rq7_err["anwg_real"]).abs()
     rq7_grid = rq7_err.pivot_table(index="policy", columns="source", values="abs_error")
     rq7_grid.columns = [f"{source_label(c)}, mean |ΔANWG|" for c in rq7_grid.columns]
@@ -610,6 +618,9 @@ else:                                   # no RQ7 case: the finding's sentence re
     glue("fid_rq7_mean_abs_anwg_error", float("nan"), display=False)
     glue("fid_rq7_tau_b", float("nan"), display=False)
     glue("fid_rq7_n_runs", 0, display=False)
+    glue("fid_rq7_n_flagged", 0, display=False)
+    glue("fid_rq7_max_retries", -1, display=False)
+    glue("fid_rq7_noise_mean_abs_anwg", float("nan"), display=False)
 
 # %% [markdown]
 # ## The equal-limits case, with each step's batch logged
@@ -635,6 +646,10 @@ CLASS_KEYS = {fidelity.RACE: "race", fidelity.SLAI_CLOCK: "slai_clock", fidelity
               fidelity.SAME_SHAPE: "same_shape", fidelity.DOWNSTREAM: "downstream", fidelity.OTHER: "unexplained"}
 
 
+#: Each replayed case's step table, by (glue prefix, arrivals): read again by the repeatability section.
+REPLAY_STEPS: dict = {}
+
+
 def replay_case(case, prefix: str) -> dict:
     """Replay a case that logged each step's batch, with the trace's arrivals and at the real
     submission steps; glue ``<prefix>_*``, show the agreement and the classes, and return
@@ -651,6 +666,7 @@ def replay_case(case, prefix: str) -> dict:
     for arrivals in ("trace", "submitted"):
         st_, rq_, _ = fidelity.replayed_cost_comparison(c_runs, c_requests, c_steps, c_windows, cost,
                                                         slai_clock="measured", arrivals=arrivals)
+        REPLAY_STEPS[(prefix, arrivals)] = st_
         suffix = "" if arrivals == "trace" else "_submitted"
         sa, ra = fidelity.agreement_table(st_), fidelity.agreement_table(rq_)
         agreement_tables[arrivals] = (sa, ra)
@@ -804,8 +820,8 @@ fixed_case = (fidelity.load_case(fixed_tag)
 if fixed_case is not None:
     f_agreement = replay_case(fixed_case, "fid_fixed")
     glue("fid_fixed_slai_minus_vllm", slai_minus_vllm(fixed_case["runs"]), display=False)
-    f_latency = fidelity.latency_errors(fidelity.counterpart_requests(
-        *(fixed_case[k] for k in ("runs", "requests", "steps", "windows"))))
+    f_counterpart = fidelity.counterpart_requests(*(fixed_case[k] for k in ("runs", "requests", "steps", "windows")))
+    f_latency = fidelity.latency_errors(f_counterpart)
     f_overall = fidelity.latency_error_table(f_latency).iloc[0]
     for m, key in (("end-to-end", "e2e"), ("TTFT", "ttft"), ("TBT", "tbt")):
         for q in ("median", "p90"):
@@ -840,6 +856,163 @@ else:
 # `slai_faithful` − `vllm_faithful` ANWG on the re-run is {glue:text}`fid_fixed_slai_minus_vllm:s`
 # (equal-limits case: {glue:text}`fid_equal_slai_minus_vllm:s`); the two cases are separate runs, so
 # their difference includes the run-to-run noise of the like-for-like table, largest on BurstGPT.
+
+# %% [markdown]
+# ## Against the engine's own repeatability
+#
+# Every run of the port-fixed case was made twice, the two repetitions differing only by the host.
+# So each figure above has a floor: how far the real engine is from *itself* over the same requests.
+# Per request, the model's relative error against a real run is set beside the other repetition's
+# relative difference from that run (same window, policy and request; pairs counted both ways), and
+# the ratio of the two, with a 95% bootstrap interval over windows. A ratio near 1: the model is as
+# close to the engine as the engine is to itself on this host, and no finer claim can be checked here.
+
+# %%
+if fixed_case is not None:
+    paired = repeatability.paired_errors(f_counterpart)
+    noise = repeatability.noise_table(paired, n_resamples=n_resamples, seed=seed)
+    keys = {"end-to-end": "e2e", "TTFT": "ttft", "TBT": "tbt"}
+    overall = noise[noise["group"] == "all"].set_index(["measure", "stat"])
+    for m, key in keys.items():
+        for st in ("median", "p90"):
+            row = overall.loc[(m, st)]
+            glue(f"fid_noise_{key}_{st}_rel_error", float(row["noise"]), display=False)
+            glue(f"fid_sim_over_noise_{key}_{st}", float(row["ratio"]), display=False)
+            glue(f"fid_sim_over_noise_{key}_{st}_lo", float(row["ratio_lo"]), display=False)
+            glue(f"fid_sim_over_noise_{key}_{st}_hi", float(row["ratio_hi"]), display=False)
+    groups = noise[(noise["group"] != "all") & (noise["measure"] == "end-to-end") & (noise["stat"] == "median")]
+    worst = groups.loc[groups["ratio"].idxmax()]
+    glue("fid_worst_group_sim_over_noise", float(worst["ratio"]), display=False)
+    glue("fid_worst_group", worst["group"].replace(" / ", " × "), display=False)
+    glue("fid_worst_group_lo", float(worst["ratio_lo"]), display=False)
+    glue("fid_worst_group_hi", float(worst["ratio_hi"]), display=False)
+    glue("fid_worst_group_sim", float(worst["sim"]), display=False)
+    glue("fid_worst_group_noise", float(worst["noise"]), display=False)
+    within = groups[groups["ratio"] <= 1.1]
+    above = groups[groups["ratio_lo"] > 1.0]
+    glue("fid_groups_within_goal", f"{len(within)} of {len(groups)}", display=False)
+    glue("fid_groups_above_noise", present.join([g.replace(" / ", " × ") for g in above["group"]], empty="none"),
+         display=False)
+
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    shown = noise[noise["stat"] == "median"]
+    names = list(dict.fromkeys(shown["group"]))
+    for k, (m, marker) in enumerate(zip(keys, "osD")):
+        d = shown[shown["measure"] == m].set_index("group").reindex(names)
+        y = np.arange(len(names)) + (k - 1) * 0.22
+        ax.errorbar(d["ratio"], y, xerr=[d["ratio"] - d["ratio_lo"], d["ratio_hi"] - d["ratio"]], fmt=marker,
+                    capsize=2, label=f"{m}, median")
+    ax.axvline(1.0, color="k", lw=0.8)
+    ax.axvline(1.1, color="k", lw=0.6, ls=":")
+    ax.set_yticks(range(len(names)), [n.replace("_llm_2024", "").replace(" / ", " × ") for n in names], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.set_xlabel("model's error ÷ the real engine's own run-to-run difference (95% CI by window)", fontsize=8)
+    ax.legend(fontsize=7.5, loc="lower right")
+    fig.tight_layout()
+    present.figure("fid_noise_ratio", fig, output_dir, "fid_noise_ratio.png")
+    table = noise.assign(group=noise["group"].str.replace(" / ", " × "))
+    display(present.table(table[["group", "measure", "stat", "sim", "noise", "ratio", "ratio_lo", "ratio_hi",
+                                 "requests", "windows"]], digits=3))
+else:
+    for name in ("noise_e2e_median_rel_error", "sim_over_noise_e2e_median", "worst_group_sim_over_noise"):
+        glue(f"fid_{name}", float("nan"), display=False)
+
+# %% [markdown]
+# :::{glue:figure} fid_noise_ratio
+# :name: fig-fid-noise-ratio
+# :alt: Dot plot with interval bars, one row per source and policy and one for all, of the ratio of the model's median per-request error to the real engine's own run-to-run difference, for end-to-end latency, TTFT and time between tokens, on a log axis with lines at 1 and 1.1.
+#
+# **The model against the engine's own repeatability.** Per group, the model's median per-request
+# error ÷ the median difference between the two real repetitions of the same requests (1: as close
+# as the engine to itself; dotted: 1.1).
+# :::
+#
+# Over all {glue:text}`fid_fixed_n_runs:d` runs, the two real repetitions differ end to end by a
+# median {glue:text}`fid_noise_e2e_median_rel_error:.1%` per request (p90
+# {glue:text}`fid_noise_e2e_p90_rel_error:.0%`), against the model's
+# {glue:text}`fid_fixed_e2e_median_rel_error:.1%`: a ratio of
+# {glue:text}`fid_sim_over_noise_e2e_median:.2f` (95% CI {glue:text}`fid_sim_over_noise_e2e_median_lo:.2f`–{glue:text}`fid_sim_over_noise_e2e_median_hi:.2f`);
+# TTFT {glue:text}`fid_sim_over_noise_ttft_median:.2f`, the time between tokens
+# {glue:text}`fid_sim_over_noise_tbt_median:.2f`. The ratio is at most 1.1 in
+# {glue:text}`fid_groups_within_goal:s` source × policy groups; the largest is
+# {glue:text}`fid_worst_group_sim_over_noise:.2f` on {glue:text}`fid_worst_group:s`
+# ({glue:text}`fid_worst_group_sim:.1%` against {glue:text}`fid_worst_group_noise:.1%`, 95% CI
+# {glue:text}`fid_worst_group_lo:.2f`–{glue:text}`fid_worst_group_hi:.2f`). Groups whose interval lies
+# wholly above 1, where the model errs beyond the host's own noise: {glue:text}`fid_groups_above_noise:s`.
+# The cause of that excess is not found here. It is not a scheduling rule the replay can name (at the
+# real submission steps the replay agrees on {glue:text}`fid_replay_step_agreement:.2%` of all
+# steps), so it lies in the step cost or in the engine's timing, not in the order of service.
+
+# %%
+if fixed_case is not None:
+    offsets, adjusted = repeatability.run_offsets(paired)
+    speed = fidelity.run_speed_factors(fixed_case["steps"], fixed_case["runs"])
+    both = offsets.merge(speed, on=["window_id", "policy", "repetition"], how="inner")
+    corr = float(np.corrcoef(np.log1p(both["sim_offset"]), -np.log(both["speed_factor"]))[0, 1]) \
+        if len(both) > 2 else float("nan")
+    glue("fid_run_offset_min", float(offsets["sim_offset"].min()), display=False)
+    glue("fid_run_offset_max", float(offsets["sim_offset"].max()), display=False)
+    glue("fid_run_offset_speed_corr", corr, display=False)
+    glue("fid_e2e_offset_removed_sim", float(adjusted["sim_error_offset_removed"].median()), display=False)
+    glue("fid_e2e_offset_removed_noise", float(adjusted["noise_error_offset_removed"].median()), display=False)
+
+# %% [markdown]
+# **A run's offset.** Most of either error is one offset per run: each run's median signed
+# end-to-end error ranges from {glue:text}`fid_run_offset_min:+.0%` to
+# {glue:text}`fid_run_offset_max:+.0%`. It is the run's host speed: across runs it correlates
+# {glue:text}`fid_run_offset_speed_corr:.2f` with how slow the run's own decode steps were against the
+# cost model. With each run's offset divided out, the model's median error is
+# {glue:text}`fid_e2e_offset_removed_sim:.1%` and the two repetitions'
+# {glue:text}`fid_e2e_offset_removed_noise:.1%`: what remains is the order and shape of service
+# within a run, where the model is about as close as a second real run.
+
+# %%
+if fixed_case is not None:
+    order = repeatability.admission_order_agreement(f_counterpart)
+    by_policy = order.groupby("policy")[["sim", "noise"]].mean()
+    glue("fid_free_running_order_agreement", float(order["sim"].mean()), display=False)
+    glue("fid_noise_order_agreement", float(order["noise"].mean()), display=False)
+    for pol, row in by_policy.iterrows():
+        glue(f"fid_free_running_order_agreement_{pol}", float(row["sim"]), display=False)
+        glue(f"fid_noise_order_agreement_{pol}", float(row["noise"]), display=False)
+    choice = repeatability.agreement_on_choice_steps(REPLAY_STEPS[("fid_fixed", "submitted")], fixed_case["steps"])
+    ch = choice.set_index("group")
+    glue("fid_steps_with_choice_share", float(ch.loc["all", "choice_share"]), display=False)
+    glue("fid_choice_step_agreement", float(ch.loc["all", "agree_choice"]), display=False)
+    glue("fid_choice_steps", int(ch.loc["all", "choice_steps"]), display=False)
+    for pol in ("slai_faithful", "vllm_faithful"):
+        if pol in ch.index:
+            glue(f"fid_steps_with_choice_share_{pol}", float(ch.loc[pol, "choice_share"]), display=False)
+    like_fixed = fidelity.like_for_like(fidelity.anwg_from_counterpart(f_counterpart), n_resamples=n_resamples,
+                                        seed=seed)
+    display(present.table(choice.rename(columns={"choice_share": "share with a choice", "agree_all": "agree, all steps",
+                                                 "agree_choice": "agree, choice steps"}), digits=3))
+    display(present.table(like_fixed, digits=3))
+else:
+    for name in ("free_running_order_agreement", "noise_order_agreement", "steps_with_choice_share"):
+        glue(f"fid_{name}", float("nan"), display=False)
+
+# %% [markdown]
+# **What the replay shows, and what it does not.** The replay above gives the model each real step's
+# own duration and each request at the step the real loop submitted it, so it tests the *rules*
+# that choose a batch, given the timing. Only {glue:text}`fid_steps_with_choice_share:.1%` of the
+# steps had a choice to make — visible work the engine left unscheduled
+# ({glue:text}`fid_steps_with_choice_share_slai_faithful:.1%` of `slai_faithful`'s, mostly its decode
+# holds, {glue:text}`fid_steps_with_choice_share_vllm_faithful:.1%` of `vllm_faithful`'s); on those
+# {glue:text}`fid_choice_steps:,d` steps alone the batches agree on
+# {glue:text}`fid_choice_step_agreement:.2%`. Everywhere else any rule that runs what is visible gives
+# the same batch, so the 100% there says little. The replay does not test the timing, nor the
+# head-of-line rule (no prompt of these windows reaches the 2,560-token budget). Free-running — the
+# model's own clock and the trace's arrivals — the model admits
+# {glue:text}`fid_free_running_order_agreement:.1%` of the requests at the same position of the
+# admission order as the real run, against {glue:text}`fid_noise_order_agreement:.1%` between two real
+# runs (`slai_faithful` {glue:text}`fid_free_running_order_agreement_slai_faithful:.1%` against
+# {glue:text}`fid_noise_order_agreement_slai_faithful:.1%`, `vllm_faithful`
+# {glue:text}`fid_free_running_order_agreement_vllm_faithful:.1%` against
+# {glue:text}`fid_noise_order_agreement_vllm_faithful:.1%`): SLAI's order depends on the clock, and on
+# this host the clock is as uncertain run to run as model to run. The like-for-like table gives the
+# same comparison for ANWG and its ranking ($\tau_b$) per source and policy.
 
 # %% [markdown]
 # ## 3. The head-of-line ablation (HIGH_PRESSURE)
@@ -956,8 +1129,17 @@ glue("fid_calibrated_slai_vllm", headline_count("reversals_supported_slai_vllm",
 # *Per request:* the end-to-end latency error is {glue:text}`fid_e2e_median_rel_error:.1%` at the
 # median and {glue:text}`fid_e2e_p90_rel_error:.0%` at p90, TTFT's
 # {glue:text}`fid_ttft_median_rel_error:.0%` and the time between tokens'
-# {glue:text}`fid_tbt_median_rel_error:.0%` at the median: it **{glue:text}`fid_e2e_verdict:s` the 10%
-# goal** (Vidur reports under 9%, BLIS 11.8%). On the equal-limits case it is
+# {glue:text}`fid_tbt_median_rel_error:.0%` at the median (Vidur reports under 9%, BLIS 11.8%). Read
+# against the engine itself, that is its repeatability on this host: two real repetitions of the same
+# requests differ by {glue:text}`fid_noise_e2e_median_rel_error:.1%`, a ratio of
+# {glue:text}`fid_sim_over_noise_e2e_median:.2f` (95% CI
+# {glue:text}`fid_sim_over_noise_e2e_median_lo:.2f`–{glue:text}`fid_sim_over_noise_e2e_median_hi:.2f`),
+# so a 10% goal met here says as much about the host as about the model; the largest ratio, on
+# {glue:text}`fid_worst_group:s`, is {glue:text}`fid_worst_group_sim_over_noise:.2f`. Only
+# {glue:text}`fid_steps_with_choice_share:.1%` of the steps had a choice to make (agreement there:
+# {glue:text}`fid_choice_step_agreement:.2%`); free-running, the model's admission order matches the real
+# run's for {glue:text}`fid_free_running_order_agreement:.1%` of the requests, against
+# {glue:text}`fid_noise_order_agreement:.1%` between two real runs. On the equal-limits case it is
 # {glue:text}`fid_equal_e2e_median_rel_error:.1%` and {glue:text}`fid_equal_e2e_p90_rel_error:.0%`
 # ({glue:text}`fid_equal_n_runs:d` runs); with the robust step fit alone it was
 # {glue:text}`fid_equal_e2e_median_rel_error_robust_fit:.0%` there, the model serving most requests
@@ -968,8 +1150,11 @@ glue("fid_calibrated_slai_vllm", headline_count("reversals_supported_slai_vllm",
 # {glue:text}`fid_guarded_tbt_median_rel_error:.0%`: {glue:text}`fid_guarded_e2e_verdict:s`; with each
 # run's own speed level known (a separate reading, not a prediction) it is
 # {glue:text}`fid_guarded_e2e_median_rel_error_run_speed:.0%`. RQ7's real runs, an independent check
-# ({glue:text}`fid_rq7_n_runs:d` runs), differ from the model by a mean |ΔANWG| of
-# {glue:text}`fid_rq7_mean_abs_anwg_error:.3f` ($\tau_b$ {glue:text}`fid_rq7_tau_b:.2f`). The
+# ({glue:text}`fid_rq7_n_runs:d` runs, {glue:text}`fid_rq7_n_flagged:d` of them host-flagged and,
+# the case allowing {glue:text}`fid_rq7_max_retries:d` re-runs, kept as they were), differ from the
+# model by a mean |ΔANWG| of {glue:text}`fid_rq7_mean_abs_anwg_error:.3f` ($\tau_b$
+# {glue:text}`fid_rq7_tau_b:.2f`), against {glue:text}`fid_rq7_noise_mean_abs_anwg:.3f` between the
+# real engine's own two repetitions of the same runs: that check sits at the noise floor. The
 # aggregate figures that follow use ANWG at SLO ×20, which barely tests timing, and pool runs across
 # sources and policies; compare them like for like with the table above (real against real and the
 # model against real over the same windows within a (source, policy)), not with the pooled numbers.
@@ -1005,7 +1190,7 @@ glue("fid_calibrated_slai_vllm", headline_count("reversals_supported_slai_vllm",
 # reversals go {glue:text}`fid_hol_went:s`.
 #
 # **The real-engine case**, as {doc}`rq6_real_engine` reports it.
-# {glue:text}`rq6_real_engine.ipynb::rq6_conclusion:s` The simulator's supported reversal and the real
+# {glue:text}`rq6_real_engine.ipynb::rq6_short_finding:s` The simulator's supported reversal and the real
 # engine's therefore do not rest on the same rule: the simulator's needs the head-of-line rule, which
 # the real engine does not have, while on the real engine `vllm_faithful` refuses every request whose
 # prompt and output exceed its `max_model_len` — a wider refusal than the ablation's (a prompt above

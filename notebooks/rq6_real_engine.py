@@ -75,7 +75,7 @@ import pandas as pd
 from IPython.display import Markdown, display
 from myst_nb import glue
 
-from portbench import present, stats, store
+from portbench import present, realconfig, stats, store
 from portbench.book import pair_label, source_label
 from portbench.campaign import load_results
 from portbench.realengine import study
@@ -454,20 +454,108 @@ sentence += (" Every verdict here rests on a CPU host and a tiny random-weight m
 glue("rq6_conclusion", sentence, display=False)
 
 # %% [markdown]
-# :::{admonition} Finding
-# :class: tip pb-finding
-# {glue:text}`rq6_conclusion:s`
+# ## The study's configuration: the simulator in it, and how settled the real result is
 #
-# Against the simulator: where the real engine has {glue:text}`rq6_real_case_delta_first` on
-# {glue:text}`rq6_case_first` and {glue:text}`rq6_real_case_delta_second` on
-# {glue:text}`rq6_case_second`, the simulator (engine model {glue:text}`rq6_engine`, all windows)
-# has {glue:text}`rq6_sim_case_delta_first` and {glue:text}`rq6_sim_case_delta_second`. The
-# reversal classifier calls the case ({glue:text}`rq6_case_pair`)
-# **{glue:text}`rq6_real_case_class`** on the real engine and **{glue:text}`rq6_sim_case_class`** in
-# the simulator, and the control ({glue:text}`rq6_control_pair`)
-# **{glue:text}`rq6_real_control_class`** and **{glue:text}`rq6_sim_control_class`**.
-# :::
+# The simulator's figures above come from a campaign in the study's *simulated* configuration (its
+# load calibration, budget and SLO). The real runs of `study_config_run` ran in another: both
+# policies at a 32,768-token budget and `max_model_len`, at most 32 requests in flight. Here the
+# simulator is run in exactly that configuration, per window: the `vllm_v1` engine model, the
+# step cost cross-validated by window on the case's own steps (one per policy), each window at the
+# real run's load, and the client's in-flight cap (`portbench.realconfig`; written by
+# `python benchmarks/predict_real_config.py`). The real result's interval here resamples the windows
+# *and* each window's repetitions, so it carries the run-to-run noise as well.
 
+# %%
+study_pred = pd.DataFrame()
+if study_config_run:
+    pred_path = realengine_dir() / f"{study_config_run}_sim_config.parquet"
+    if not pred_path.exists():
+        raise FileNotFoundError(f"no {pred_path.name}: run `python benchmarks/predict_real_config.py --tag "
+                                f"{study_config_run}` to simulate the case in its configuration")
+    study_pred = pd.read_parquet(pred_path)
+    study_runs = case_runs(realengine_dir() / f"{study_config_run}_runs.parquet")
+    same_windows = set(study_runs["window_id"])
+    sim_vllm_v1 = load_results("vllm_v1")
+    rows = {
+        "real engine (windows and repetitions resampled)": realconfig.repetition_resampled_delta(
+            study_runs, n_resamples=n_resamples, seed=seed),
+        "simulator, same configuration (vllm_v1)": study.case_deltas(study_pred, "", n_resamples=n_resamples, seed=seed),
+    }
+    for engine_name, table in (("lssp", sim_table if engine_model == "lssp" else load_results("lssp")),
+                               ("vllm_v1", sim_vllm_v1)):
+        same = table[table["window_id"].isin(same_windows) & (table["region"] == CASE_REGION)
+                     & table["policy"].isin(CASE_POLICIES) & (table["slo_multiplier"] == 20.0)]
+        rows[f"simulator, campaign configuration ({engine_name})"] = study.case_deltas(
+            same, "", n_resamples=n_resamples, seed=seed)
+    configured = pd.concat({k: v.set_index("source")[["delta", "ci_low", "ci_high"]] for k, v in rows.items()},
+                           names=["prediction or measurement", "source"]).reset_index()
+    real_row = rows["real engine (windows and repetitions resampled)"].set_index("source")
+    pred_row = rows["simulator, same configuration (vllm_v1)"].set_index("source")
+    camp_rows = {k: v.set_index("source") for k, v in rows.items() if "campaign" in k}
+
+    def verdict_of(r) -> str:
+        if r["ci_low"] > 0 or r["ci_high"] < 0:
+            return "sign settled"
+        if r["half_width"] <= 0.005:
+            return "no difference beyond ±0.005"
+        return "not settled"
+
+    for src in real_row.index:
+        glue(f"rq6_study_sim_delta_{src}", present.signed(pred_row.loc[src, "delta"], 3), display=False)
+        glue(f"rq6_study_sim_ci_{src}", f"{present.signed(pred_row.loc[src, 'ci_low'], 3)} to "
+                                        f"{present.signed(pred_row.loc[src, 'ci_high'], 3)}", display=False)
+        glue(f"rq6_study_real_delta_{src}", present.signed(real_row.loc[src, "delta"], 3), display=False)
+        glue(f"rq6_study_real_ci_{src}", f"{present.signed(real_row.loc[src, 'ci_low'], 3)} to "
+                                         f"{present.signed(real_row.loc[src, 'ci_high'], 3)}", display=False)
+        glue(f"rq6_study_real_verdict_{src}", verdict_of(real_row.loc[src]), display=False)
+    signs = lambda table: {s_: np.sign(round(table.loc[s_, "delta"], 3)) for s_ in real_row.index}  # noqa: E731
+    real_signs = signs(real_row)
+    agree = {name: sum(signs(t)[s_] == real_signs[s_] for s_ in real_row.index)
+             for name, t in [("configured", pred_row)] + list(camp_rows.items())}
+    glue("rq6_study_sim_signs_agree", f"{agree['configured']} of {len(real_row)}", display=False)
+    display(present.table(configured, digits=3))
+    display(present.table(real_row.reset_index()[["source", "n_windows", "repetitions", "delta", "ci_low",
+                                                  "ci_high", "half_width"]], digits=4))
+
+    order_src = [s_ for s_ in ("azure_llm_2024", "burstgpt", "bailian_qwen") if s_ in real_row.index]
+
+    def triple(table) -> str:
+        return " / ".join(present.signed(table.loc[s_, "delta"], 3) for s_ in order_src)
+
+    campaign_v1 = camp_rows["simulator, campaign configuration (vllm_v1)"]
+    campaign_lssp = camp_rows["simulator, campaign configuration (lssp)"]
+    cause = ("because of the configuration, not the model: vllm_v1 in the campaign's configuration gives "
+             f"{triple(campaign_v1)}"
+             if agree["configured"] > agree["simulator, campaign configuration (vllm_v1)"]
+             else "not through the configuration alone: vllm_v1 in the campaign's configuration gives "
+                  f"{triple(campaign_v1)}")
+    settled = {s_: verdict_of(real_row.loc[s_]) for s_ in order_src}
+    real_text = present.join([f"{present.signed(real_row.loc[s_, 'delta'], 3)} on {source_label(s_)} "
+                              f"[{present.signed(real_row.loc[s_, 'ci_low'], 3)}, "
+                              f"{present.signed(real_row.loc[s_, 'ci_high'], 3)}]" for s_ in order_src])
+    reps = int(real_row["repetitions"].min())
+    short = (f"In the study's real-system configuration — vLLM's CPU build, a tiny random-weight model, "
+             f"{int(real_row['n_windows'].min())} windows per source, {present.count(reps, 'repetition')} — "
+             f"{policy_a} − {policy_b} mean ANWG at {CASE_REGION} is {real_text} (95% CI, windows and "
+             f"repetitions resampled): "
+             + present.join([f"{source_label(s_)} {settled[s_]}" for s_ in order_src]) + ". "
+             f"The simulator in the same configuration predicts {triple(pred_row)} "
+             f"({agree['configured']} of {len(order_src)} signs as measured). The lssp campaign's "
+             f"{triple(campaign_lssp)} differs {cause}. The A100 measured "
+             + " / ".join(present.signed(d, 3) for d in original.set_index("source").loc[order_src, "delta"])
+             + f" ({' / '.join(source_label(s_) for s_ in order_src)}).")
+    n_words = len(short.split())
+    assert n_words <= 150, f"the short RQ6 finding has {n_words} words (at most 150)"
+    glue("rq6_short_finding", short, display=False)
+    glue("rq6_short_finding_words", n_words, display=False)
+else:
+    glue("rq6_short_finding", "No real run in the study's configuration is committed.", display=False)
+
+# %% [markdown]
+# :::{admonition} The RQ6 finding, short
+# :class: note
+# {glue:text}`rq6_short_finding:s`
+# :::
 
 # %% [markdown]
 # ## The GPU run: the study's configuration on an H200
@@ -593,4 +681,22 @@ if gpu:
 # :::{admonition} The GPU run, in plain words
 # :class: warning
 # {glue:text}`rq6_gpu_verdict:s`
+# :::
+
+
+# %% [markdown]
+# :::{admonition} Finding
+# :class: tip pb-finding
+# {glue:text}`rq6_short_finding:s`
+#
+# In detail, over every committed configuration: {glue:text}`rq6_conclusion:s`
+#
+# Against the simulator: where the real engine has {glue:text}`rq6_real_case_delta_first` on
+# {glue:text}`rq6_case_first` and {glue:text}`rq6_real_case_delta_second` on
+# {glue:text}`rq6_case_second`, the simulator (engine model {glue:text}`rq6_engine`, all windows)
+# has {glue:text}`rq6_sim_case_delta_first` and {glue:text}`rq6_sim_case_delta_second`. The
+# reversal classifier calls the case ({glue:text}`rq6_case_pair`)
+# **{glue:text}`rq6_real_case_class`** on the real engine and **{glue:text}`rq6_sim_case_class`** in
+# the simulator, and the control ({glue:text}`rq6_control_pair`)
+# **{glue:text}`rq6_real_control_class`** and **{glue:text}`rq6_sim_control_class`**.
 # :::
