@@ -956,6 +956,17 @@ if fixed_case is not None:
     glue("fid_run_offset_speed_corr", corr, display=False)
     glue("fid_e2e_offset_removed_sim", float(adjusted["sim_error_offset_removed"].median()), display=False)
     glue("fid_e2e_offset_removed_noise", float(adjusted["noise_error_offset_removed"].median()), display=False)
+    # where the worst group's excess sits: the longer and shorter half of its requests, and how far
+    # apart its runs' offsets are (the model's against the other repetition's)
+    w_src, w_pol = worst["group"].split(" / ")
+    e = paired[(paired["measure"] == "end-to-end") & (paired["source"] == w_src) & (paired["policy"] == w_pol)]
+    longer = e["real"] > e["real"].median()
+    for half, mask in (("longer", longer), ("shorter", ~longer)):
+        glue(f"fid_worst_{half}_half_sim", float(e.loc[mask, "sim_error"].median()), display=False)
+        glue(f"fid_worst_{half}_half_noise", float(e.loc[mask, "noise_error"].median()), display=False)
+    w_off = offsets[(offsets["source"] == w_src) & (offsets["policy"] == w_pol)]
+    glue("fid_worst_offset_sd_sim", float(w_off["sim_offset"].std()), display=False)
+    glue("fid_worst_offset_sd_noise", float(w_off["noise_offset"].std()), display=False)
 
 # %% [markdown]
 # **A run's offset.** Most of either error is one offset per run: each run's median signed
@@ -965,7 +976,14 @@ if fixed_case is not None:
 # cost model. With each run's offset divided out, the model's median error is
 # {glue:text}`fid_e2e_offset_removed_sim:.1%` and the two repetitions'
 # {glue:text}`fid_e2e_offset_removed_noise:.1%`: what remains is the order and shape of service
-# within a run, where the model is about as close as a second real run.
+# within a run, where the model is about as close as a second real run. On
+# {glue:text}`fid_worst_group:s` the excess sits in the longer half of the requests (the model
+# {glue:text}`fid_worst_longer_half_sim:.1%` against the engine's own
+# {glue:text}`fid_worst_longer_half_noise:.1%`; the shorter half
+# {glue:text}`fid_worst_shorter_half_sim:.1%` against {glue:text}`fid_worst_shorter_half_noise:.1%`),
+# and its runs' offsets scatter more widely (standard deviation
+# {glue:text}`fid_worst_offset_sd_sim:.2f` against {glue:text}`fid_worst_offset_sd_noise:.2f`): the
+# requests that wait longest, where the model's queue and the engine's part most.
 
 # %%
 if fixed_case is not None:

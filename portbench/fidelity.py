@@ -135,8 +135,6 @@ def simulate_counterpart(window, policy: str, cost, *, kv_tokens: int = 500_000,
     (the run is :func:`portbench.sim.simulate`'s, step for step).
     Returns ``(RunResult, refused mask)``.
     """
-    import dataclasses
-
     from .engine_v1 import VllmV1Model
 
     spec = REAL_COUNTERPARTS[policy]
@@ -158,22 +156,32 @@ def simulate_counterpart(window, policy: str, cost, *, kv_tokens: int = 500_000,
 
     if not refused.any():
         return run(window, np.arange(len(window))), refused
-    keep = ~refused
-    sub = dataclasses.replace(window, **{f: getattr(window, f)[keep] for f in (
+    return on_full_window(window, run(served_part(window, refused), np.flatnonzero(~refused)), refused), refused
+
+
+def served_part(window, refused):
+    """``window`` without the requests of the ``refused`` mask (the rest in order)."""
+    keep = ~np.asarray(refused, dtype=bool)
+    return dataclasses.replace(window, **{f: getattr(window, f)[keep] for f in (
         "arrival_s", "input_tokens", "output_tokens", "predicted_output_tokens", "deadline_s")})
-    r = run(sub, np.flatnonzero(keep))
+
+
+def on_full_window(window, result, refused):
+    """A run of :func:`served_part` as a run of the whole ``window``: the refused requests come back
+    never served (NaN times), the others with their times."""
+    keep = ~np.asarray(refused, dtype=bool)
 
     def full(values):
         out = np.full(len(window), np.nan)
         out[keep] = values
         return out
 
-    result = sim.RunResult(window.window_id, r.policy, r.engine_model, window.arrival_s,
-                           window.deadline_s, window.input_tokens, window.output_tokens,
-                           np.ones(len(window)), admit_s=full(r.admit_s),
-                           first_token_s=full(r.first_token_s), finish_s=full(r.finish_s),
-                           duration_s=r.duration_s, n_steps=r.n_steps, n_preemptions=r.n_preemptions)
-    return result, refused
+    return sim.RunResult(window.window_id, result.policy, result.engine_model, window.arrival_s,
+                         window.deadline_s, window.input_tokens, window.output_tokens,
+                         np.ones(len(window)), admit_s=full(result.admit_s),
+                         first_token_s=full(result.first_token_s), finish_s=full(result.finish_s),
+                         duration_s=result.duration_s, n_steps=result.n_steps,
+                         n_preemptions=result.n_preemptions)
 
 
 def linear_step_ps(cost, prefill: int, decodes: int, context: int) -> int:

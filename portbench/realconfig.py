@@ -96,29 +96,16 @@ def simulate_configured(window: Window, policy: str, cost, *, budget: int, seqs:
     from .policies import make_policy
 
     refused = fidelity.real_refused(window, max_model_len)
-    keep = ~refused
     model = VllmV1Model(max_num_batched_tokens=int(budget), max_active_sequences=int(seqs),
                         max_kv_tokens=kv_tokens, cost=cost)
     params = {**fidelity.REAL_COUNTERPARTS.get(policy, {}).get("params", {}),
               **(policy_params or {}).get(policy, {})}
-    sub = window if not refused.any() else dataclasses.replace(window, **{
-        f: getattr(window, f)[keep] for f in ("arrival_s", "input_tokens", "output_tokens",
-                                              "predicted_output_tokens", "deadline_s")})
-    result, submit_kept, iterations = run_capped(
-        sub, lambda w: sim.simulate(w, make_policy(policy, **params), model), max_in_flight)
-
-    def full(values):
-        out = np.full(len(window), np.nan)
-        out[keep] = values
-        return out
-
-    full_result = sim.RunResult(window.window_id, result.policy, result.engine_model, window.arrival_s,
-                                window.deadline_s, window.input_tokens, window.output_tokens,
-                                np.ones(len(window)), admit_s=full(result.admit_s),
-                                first_token_s=full(result.first_token_s), finish_s=full(result.finish_s),
-                                duration_s=result.duration_s, n_steps=result.n_steps,
-                                n_preemptions=result.n_preemptions)
-    return full_result, refused, full(submit_kept), iterations
+    result, submit, iterations = run_capped(
+        fidelity.served_part(window, refused), lambda w: sim.simulate(w, make_policy(policy, **params), model),
+        max_in_flight)
+    submit_full = np.full(len(window), np.nan)
+    submit_full[~refused] = submit
+    return fidelity.on_full_window(window, result, refused), refused, submit_full, iterations
 
 
 def predict_runs(runs: pd.DataFrame, steps: pd.DataFrame, windows: dict, *, budget: int, seqs: int,
