@@ -120,7 +120,7 @@ def _synthetic_steps(coef, n_windows=8, per_window=120, seed=3):
                          "context_tokens": int(rng.integers(0, 50_000)), "scheduled_seqs": decode + pseqs,
                          "running": 1, "waiting": 0})
     steps = pd.DataFrame(rows)
-    x = fidelity._rich_design(steps["prefill_tokens"], steps["decode_seqs"], steps["context_tokens"],
+    x = fidelity.rich_design(steps["prefill_tokens"], steps["decode_seqs"], steps["context_tokens"],
                               steps["scheduled_seqs"])
     shape = fidelity.batch_shape(steps["prefill_tokens"], steps["decode_seqs"])
     steps["duration_s"] = [x[i] @ np.asarray(coef[s]) for i, s in enumerate(shape)]
@@ -214,7 +214,7 @@ def test_measured_slai_clock_is_the_real_schedulers_moving_average():
     s1 = 0.001 + 0.2 * (0.011 - 0.001)
     s4 = s1 + 0.2 * (0.01 - s1)
     np.testing.assert_allclose(got, [0.001, s1, s1, s1, s4])
-    src = pathlib.Path(fidelity.__file__).parent / "realengine" / "vllm_slai_scheduler.py"
+    src = pathlib.Path(fidelity.__file__).parent.parent / "realengine" / "vllm_slai_scheduler.py"
     tree = ast.parse(src.read_text())
     ema = [n.value.value for n in ast.walk(tree) if isinstance(n, ast.AnnAssign)
            and getattr(n.target, "id", "") == "step_ema"]
