@@ -36,7 +36,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from .sim import Decision, Policy
+from .sim import Decision, Policy, PolicyContractError
 
 
 class KeyPolicy(Policy):
@@ -62,16 +62,29 @@ class KeyPolicy(Policy):
 
     def reset(self, view):
         if self.evict:
-            self._rank = rank_by(view, self.key(view, np.arange(view.n_requests)))
+            # ranked once, from the requests' fixed data: a key that reads the run's state is refused
+            ids = np.arange(view.n_requests)
+            self._rank = rank_by(view, self.key_columns(FixedData(view, self.name), ids))
             self._waiting = WaitingOrder()
+
+    def key_columns(self, view, ids) -> tuple:
+        """``key(view, ids)`` as a tuple of columns, each checked to hold one value per request of
+        ``ids`` (:class:`PolicyContractError` naming the policy and the length expected)."""
+        cols = self.key(view, ids)
+        cols = cols if isinstance(cols, tuple) else (cols,)
+        for k, c in enumerate(cols):
+            if np.shape(c) != (len(ids),):
+                raise PolicyContractError(
+                    f"policy {self.name!r}: key column {k} has shape {np.shape(c)}; expected ({len(ids)},), "
+                    f"one value per request of ids")
+        return cols
 
     def ranked(self, view) -> "Ranked":
         """The waiting requests in key order (ties: the queue's order)."""
         w = view._waiting_array()
         if len(w) < 2:
             return Ranked(w, ())
-        cols = self.key(view, w)
-        return Ranked(w, cols if isinstance(cols, tuple) else (cols,))
+        return Ranked(w, self.key_columns(view, w))
 
     def schedule(self, view):
         if not self.evict:
@@ -79,6 +92,26 @@ class KeyPolicy(Policy):
         rank = self._rank
         admit, preempt = admit_by_key(view, self._waiting.get(view, rank), rank.__getitem__)
         return Decision(admit=admit, preempt=preempt)
+
+
+class FixedData:
+    """What an ``evict = True`` key sees: the view's fixed request data (:attr:`FIELDS`) and nothing
+    of the run's state. Such a key ranks the requests once, at the start; reading the clock, the
+    tokens produced or the queues there would rank by a moment that has passed, so it is refused."""
+
+    FIELDS = ("arrival_s", "deadline_s", "input_tokens", "predicted_output_tokens", "priority", "n_requests",
+              "model")
+    __slots__ = ("_view", "_policy")
+
+    def __init__(self, view, policy: str):
+        self._view, self._policy = view, policy
+
+    def __getattr__(self, name):
+        if name in FixedData.FIELDS:
+            return getattr(self._view, name)
+        raise PolicyContractError(
+            f"policy {self._policy!r}: an evict = True key is ranked once, at the start, from the requests' "
+            f"fixed data ({', '.join(FixedData.FIELDS)}); it read view.{name}. Drop evict, or key on fixed data")
 
 
 class Ranked:

@@ -258,3 +258,48 @@ def test_the_readme_examples_keep_the_contract():
             same_run(sim.simulate(window, classes[name](), model),
                      sim.simulate(window, make_policy(classes[name].name), model))
     check_policy(classes["JustInTime"], max_examples=20, real_windows=0)   # (slow on a real window: it waits for deadlines)
+
+
+
+def _small_burst():
+    rng = np.random.default_rng(5)
+    n = 12
+    return make_window("contract", "synthetic", np.zeros(n), rng.integers(8, 200, n), rng.integers(2, 20, n),
+                       rng.integers(2, 20, n))
+
+
+def test_a_key_of_the_wrong_length_names_the_policy_and_the_length():
+    class Short(KeyPolicy):
+        name = "short_key"
+
+        def key(self, view, ids):
+            return view.deadline_s[ids][:1]
+
+    for model in MODELS:
+        with pytest.raises(PolicyContractError, match=r"short_key.*expected \(\d+,\)"):
+            sim.simulate(_small_burst(), Short(), model)
+    with pytest.raises(PolicyContractError, match="short_key"):
+        check_policy(Short)
+
+
+def test_an_evicting_key_that_reads_the_run_state_is_refused_at_the_start():
+    class Clocked(KeyPolicy):
+        name = "clocked_evict"
+        evict = True
+
+        def key(self, view, ids):
+            return view.deadline_s[ids] - view.now
+
+    class Decoded(KeyPolicy):
+        name = "decoded_evict"
+        evict = True
+
+        def key(self, view, ids):
+            return view.decoded[ids]
+
+    for cls, what in ((Clocked, r"view\.now"), (Decoded, r"view\.decoded")):
+        for model in MODELS:
+            with pytest.raises(PolicyContractError, match=what):
+                sim.simulate(_small_burst(), cls(), model)
+        with pytest.raises(PolicyContractError, match=what):
+            check_policy(cls)
