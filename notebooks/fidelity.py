@@ -969,11 +969,12 @@ if fixed_case is not None:
     glue("fid_worst_offset_sd_noise", float(w_off["noise_offset"].std()), display=False)
 
 # %% [markdown]
-# **A run's offset.** Most of either error is one offset per run: each run's median signed
+# **A run's offset.** Much of either error is one offset per run: each run's median signed
 # end-to-end error ranges from {glue:text}`fid_run_offset_min:+.0%` to
-# {glue:text}`fid_run_offset_max:+.0%`. It is the run's host speed: across runs it correlates
-# {glue:text}`fid_run_offset_speed_corr:.2f` with how slow the run's own decode steps were against the
-# cost model. With each run's offset divided out, the model's median error is
+# {glue:text}`fid_run_offset_max:+.0%`. The host's speed explains part of it, not all: across runs,
+# its correlation with the run's own speed (the cost model's total for the run's decode steps ÷ their
+# measured total, in logs) is {glue:text}`fid_run_offset_speed_corr:.2f`. With each run's offset
+# divided out, the model's median error is
 # {glue:text}`fid_e2e_offset_removed_sim:.1%` and the two repetitions'
 # {glue:text}`fid_e2e_offset_removed_noise:.1%`: what remains is the order and shape of service
 # within a run, where the model is about as close as a second real run. On
