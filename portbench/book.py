@@ -357,6 +357,24 @@ def engine_description(name: str) -> str:
 # ---------------------------------------------------------------------------------------------
 # Executing and dressing a notebook
 
+def _ipc_kernel_manager():
+    """A kernel manager that talks to the notebook's kernel over local IPC sockets (in a temporary
+    folder) rather than TCP on localhost, so the kernel does not warn, once per notebook, that its
+    TCP traffic is unencrypted: nothing here leaves the machine."""
+    import os
+    import tempfile
+
+    from jupyter_client.manager import AsyncKernelManager
+
+    class IpcKernelManager(AsyncKernelManager):
+        def __init__(self, **kwargs):
+            kwargs.setdefault("transport", "ipc")
+            kwargs.setdefault("ip", os.path.join(tempfile.mkdtemp(prefix="portbench-kernel-"), "kernel"))
+            super().__init__(**kwargs)
+
+    return IpcKernelManager
+
+
 def execute_notebook(name: str, parameters: dict | None = None, out_dir: Path = EXECUTED_DIR) -> Path:
     """Run one notebook with papermill; the executed copy replaces the old one only on success."""
     import jupytext
@@ -373,7 +391,7 @@ def execute_notebook(name: str, parameters: dict | None = None, out_dir: Path = 
     tmp = out_dir / f".{name}.tmp.ipynb"
     try:
         papermill.execute_notebook(jupytext.read(src), str(tmp), parameters=params, kernel_name="python3",
-                                   cwd=str(REPO), progress_bar=False)
+                                   cwd=str(REPO), progress_bar=False, kernel_manager_class=_ipc_kernel_manager())
         nb = nbformat.read(tmp, as_version=4)
         dress_for_reading(nb, notebook_parameters(name), params, name)
         nbformat.write(nb, tmp)
