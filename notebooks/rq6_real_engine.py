@@ -75,7 +75,7 @@ import pandas as pd
 from IPython.display import Markdown, display
 from myst_nb import glue
 
-from portbench import present, realconfig, stats, store
+from portbench import fidelity, present, realconfig, stats, store
 from portbench.book import pair_label, source_label
 from portbench.campaign import load_results
 from portbench.realengine import study
@@ -560,8 +560,6 @@ else:
 # simulated SLAI − vLLM ANWG (95% CI over windows) and whether the signs agree:
 
 # %%
-from portbench import fidelity  # noqa: E402
-
 own_config = []
 for f in run_files:
     tag = f.name.removesuffix("_runs.parquet")

@@ -26,27 +26,18 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from .fidelity import LATENCY_MEASURES as MEASURES
+from .fidelity import latency_values
+
 RUN_KEYS = ["window_id", "policy", "repetition"]
 REQUEST_KEYS = ["source", "window_id", "policy", "repetition", "request_index"]
-MEASURES = ("end-to-end", "TTFT", "TBT")
 STATS = {"median": 0.5, "p90": 0.9}
 
 
 def request_measures(counterpart: pd.DataFrame) -> pd.DataFrame:
     """Per request finished on both sides, each latency measure, real and simulated (long format:
-    :data:`REQUEST_KEYS`, ``measure``, ``real``, ``sim``). End-to-end: arrival to last token; TTFT:
-    arrival to first token; TBT: first to last token ÷ the tokens after the first (2+ tokens)."""
-    c = counterpart[counterpart["finish_s"].notna() & counterpart["finish_s_sim"].notna()]
-    gaps = np.maximum(c["output_tokens"].to_numpy(dtype=float) - 1, 0)
-    gaps = np.where(gaps > 0, gaps, np.nan)
-    values = {
-        "end-to-end": (c["finish_s"] - c["arrival_s"], c["finish_s_sim"] - c["arrival_s"]),
-        "TTFT": (c["first_token_s"] - c["arrival_s"], c["first_token_s_sim"] - c["arrival_s"]),
-        "TBT": ((c["finish_s"] - c["first_token_s"]) / gaps, (c["finish_s_sim"] - c["first_token_s_sim"]) / gaps),
-    }
-    keys = c[REQUEST_KEYS].reset_index(drop=True)
-    return pd.concat([keys.assign(measure=m, real=np.asarray(r, dtype=float), sim=np.asarray(s, dtype=float))
-                      for m, (r, s) in values.items()], ignore_index=True)
+    :data:`REQUEST_KEYS`, ``measure``, ``real``, ``sim``; :func:`portbench.fidelity.latency_values`)."""
+    return latency_values(counterpart, REQUEST_KEYS)
 
 
 def paired_errors(counterpart: pd.DataFrame) -> pd.DataFrame:

@@ -249,24 +249,31 @@ def counterpart_requests(runs: pd.DataFrame, requests: pd.DataFrame, steps: pd.D
 LATENCY_MEASURES = ("end-to-end", "TTFT", "TBT")
 
 
+def latency_values(counterpart: pd.DataFrame, keys) -> pd.DataFrame:
+    """Each measure (:data:`LATENCY_MEASURES`) of each request finished on both sides, real and
+    simulated: long format (the columns ``keys``, ``measure``, ``real``, ``sim``; TBT is NaN for a
+    one-token request)."""
+    c = counterpart[counterpart["finish_s"].notna() & counterpart["finish_s_sim"].notna()]
+    gaps = np.maximum(c["output_tokens"].to_numpy(dtype=float) - 1, 0)
+    gaps = np.where(gaps > 0, gaps, np.nan)
+    values = {
+        "end-to-end": (c["finish_s"] - c["arrival_s"], c["finish_s_sim"] - c["arrival_s"]),
+        "TTFT": (c["first_token_s"] - c["arrival_s"], c["first_token_s_sim"] - c["arrival_s"]),
+        "TBT": ((c["finish_s"] - c["first_token_s"]) / gaps, (c["finish_s_sim"] - c["first_token_s_sim"]) / gaps),
+    }
+    rows = c[list(keys)].reset_index(drop=True)
+    return pd.concat([rows.assign(measure=m, real=np.asarray(r, dtype=float), sim=np.asarray(s, dtype=float))
+                      for m, (r, s) in values.items()], ignore_index=True)
+
+
 def latency_errors(counterpart: pd.DataFrame) -> pd.DataFrame:
     """Relative error |sim − real| ÷ real of each measure (:data:`LATENCY_MEASURES`) per request
     finished on both sides: long format (the run's keys, ``source``, ``host_flagged``, ``measure``,
     ``rel_error``)."""
-    c = counterpart[counterpart["finish_s"].notna() & counterpart["finish_s_sim"].notna()]
-    gaps = np.maximum(c["output_tokens"].to_numpy() - 1, 0)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        values = {
-            "end-to-end": (c["finish_s"] - c["arrival_s"], c["finish_s_sim"] - c["arrival_s"]),
-            "TTFT": (c["first_token_s"] - c["arrival_s"], c["first_token_s_sim"] - c["arrival_s"]),
-            "TBT": ((c["finish_s"] - c["first_token_s"]) / gaps, (c["finish_s_sim"] - c["first_token_s_sim"]) / gaps),
-        }
-    keys = c[["source", *RUN_KEYS, "host_flagged"]]
-    frames = []
-    for m, (real, sim) in values.items():
-        ok = np.isfinite(real) & np.isfinite(sim) & (real > 0)
-        frames.append(keys[ok].assign(measure=m, rel_error=(np.abs(sim - real) / real)[ok]))
-    return pd.concat(frames, ignore_index=True)
+    v = latency_values(counterpart, ["source", *RUN_KEYS, "host_flagged"])
+    ok = np.isfinite(v["real"]) & np.isfinite(v["sim"]) & (v["real"] > 0)
+    v = v[ok].reset_index(drop=True)
+    return v.assign(rel_error=(v["sim"] - v["real"]).abs() / v["real"]).drop(columns=["real", "sim"])
 
 
 def latency_error_table(errors: pd.DataFrame, by: str | None = None) -> pd.DataFrame:

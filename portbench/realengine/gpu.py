@@ -173,14 +173,12 @@ def refit(tag: str, data_dir: Path | None = None) -> dict:
     from scipy.optimize import nnls
 
     from ..engine_v1 import StepCost
+    from ..fidelity import predicted_step_s
 
     out = realengine_dir(data_dir)
     profile = pd.read_parquet(out / f"{tag}_step_profile.parquet")
-
-    def features(frame, prefill, decode, context):
-        return np.column_stack([np.ones(len(frame)), frame[prefill], frame[decode], frame[context]]).astype(float)
-
-    x = features(profile, "batch_prefill_tokens", "batch_decode_seqs", "batch_context_tokens")
+    x = np.column_stack([np.ones(len(profile)), profile["batch_prefill_tokens"], profile["batch_decode_seqs"],
+                         profile["batch_context_tokens"]]).astype(float)
     y = profile["step_s"].to_numpy(dtype=float)
     coef, _ = nnls(x / y[:, None], np.ones_like(y))
     gaps = profile["gap_s"].to_numpy(dtype=float)
@@ -201,7 +199,8 @@ def refit(tag: str, data_dir: Path | None = None) -> dict:
             steps = steps.dropna(subset=["duration_s"])
             if "kept" in steps:
                 steps = steps[steps["kept"].astype(bool)]
-            pred = features(steps, "prefill_tokens", "decode_seqs", "context_tokens") @ coef + cost.gap_s
+            pred = predicted_step_s(cost, steps["prefill_tokens"], steps["decode_seqs"],
+                                    steps["context_tokens"]) + cost.gap_s
             err = (pred - steps["duration_s"].to_numpy()) / steps["duration_s"].to_numpy()
             result["case_steps"] = {
                 "n": int(len(steps)), "median_abs_rel_error": float(np.median(np.abs(err))),

@@ -108,6 +108,7 @@ class PortbenchScheduler(FIFOScheduler):
         self.index_of: dict[str, int] = {}
         self.keys: list = []
         self.params: dict = {}
+        self.whole_prompts = False          # chunked prefill off (set by bind)
         if safety_margin is None:
             safety_margin = self.default_safety_margin
         super().__init__(cache, safety_margin, max_requests_per_batch)
@@ -257,7 +258,7 @@ class SlaiFaithfulScheduler(PortbenchScheduler):
         if not self.block_new_requests:
             waiting = sorted(self._get_waiting_candidates(),
                              key=lambda s: (len(s.remaining_prefill_tokens), self.index(s.request_id)))
-        if getattr(self, "whole_prompts", False):
+        if self.whole_prompts:
             # chunked prefill off (vLLM v1 without it): a waiting request enters only with its whole
             # prompt in the budget left after the critical decodes and prompt chunks, and admission
             # closes at the first that does not fit
@@ -462,7 +463,7 @@ def replay(window: Window, policy: str, *, shape: ModelShape = ModelShape(), dev
         sys.setswitchinterval(min(switch, SWITCH_INTERVAL_S))
         try:
             t0, submit, held, outputs, n_steps = _submit_and_collect(manager, prompts, ids, arrival, window,
-                                                                     timeout_s, max_in_flight, t_setup)
+                                                                     timeout_s, max_in_flight)
         finally:
             sys.setswitchinterval(switch)
         wall = time.perf_counter() - t0
@@ -509,7 +510,7 @@ def probe(policy: str = "fifo", *, warmup: int = PROBE_WARMUP, repeats: int = PR
     return steady_probe(lambda: replay(probe_window(), policy, **engine_kwargs)[1], warmup, repeats)
 
 
-def _submit_and_collect(manager, prompts, ids, arrival, window, timeout_s, max_in_flight=None, t_setup=None):
+def _submit_and_collect(manager, prompts, ids, arrival, window, timeout_s, max_in_flight=None):
     """Submit request i at t0 + arrival[i] (real time), or, when ``max_in_flight`` requests are
     unfinished, as soon as one finishes; collect every result. Returns ``(t0, submit_s, held,
     outputs, n_steps)``: ``submit_s[i]`` the time request i was added (s from t0), ``held[i]`` True
