@@ -34,7 +34,8 @@ WORKLOAD = r"""
 import sys
 import pandas as pd
 from portbench import store, sim
-from portbench.campaign import CampaignConfig, calibrate, engine_model
+from portbench.campaign import CampaignConfig, calibrate
+from portbench.engine import engine_model
 from portbench.policies import make_policy
 from portbench.regions import REGIONS
 from portbench.workload import scale

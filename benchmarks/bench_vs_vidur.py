@@ -34,7 +34,7 @@ import time
 import numpy as np
 
 from portbench import sim, store
-from portbench.engine_v1 import VllmV1Model
+from portbench.engine import VllmV1Model
 from portbench.policies import make_policy
 from portbench.workload import make_window, scale
 

@@ -15,7 +15,8 @@ import numpy as np
 import pandas as pd
 
 from portbench import store
-from portbench.campaign import engine_model, results_dir
+from portbench.campaign import results_dir
+from portbench.engine import engine_model
 from portbench.policies import make_policy
 from portbench.regions import REGIONS, region_factor
 from portbench.sim import Decision, Policy, simulate

@@ -28,10 +28,10 @@ step profile and speed ratio (``--profile-from``) and skip the refit. ``--window
 3. **Case**: :func:`portbench.realengine.study.run_case` — ≥ 8 windows per source, both policies,
    two repetitions, a host probe before and after every run with re-runs when the host drifted,
    every engine step logged; results in ``data/results/realengine/<tag>_case_*``.
-4. **Refit**: :meth:`portbench.engine_v1.StepCost.fit` on the clean profile rows (gap = median
+4. **Refit**: :meth:`portbench.engine.StepCost.fit` on the clean profile rows (gap = median
    observed gap); the coefficients and overall error go to ``<tag>_cost.json``, the error by
    prefill/decode range to ``<tag>_fit_by_range.parquet``. It comes last because
-   ``portbench.engine_v1`` loads numba, and vLLM 0.32 cannot build an engine in a process where
+   ``portbench.engine`` loads numba, and vLLM 0.32 cannot build an engine in a process where
    llvmlite is loaded (its Triton-override scan of ``sys.modules`` trips on an llvmlite object).
 
 Restarting with the same ``--tag`` resumes: a finished profile and refit are reused and the case
@@ -293,7 +293,7 @@ def main():
             print(sched.to_string(index=False), flush=True)
     if not args.profile_from:
         # the refit, last (see the module's docstring: numba and vLLM do not share a process)
-        from portbench.engine_v1 import StepCost
+        from portbench.engine import StepCost
 
         clean = profile[profile["clean"]]
         cost, err, by_range = StepCost.fit(clean, by_range=True)

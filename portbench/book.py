@@ -187,7 +187,7 @@ def _check_metric(v):
 
 
 def _check_engine(v):
-    from .campaign import ENGINE_MODELS
+    from .engine import ENGINE_MODELS
     return None if v in ENGINE_MODELS else f"unknown engine model {v!r}; known: {', '.join(ENGINE_MODELS)}"
 
 
@@ -349,9 +349,8 @@ def resolve_panel(spec) -> tuple:
 
 def engine_description(name: str) -> str:
     """First sentence of the engine model's docstring."""
-    from .campaign import ENGINE_MODELS
-    doc = (ENGINE_MODELS[name].__doc__ or "").strip().replace("\n", " ")
-    return " ".join(doc.split(". ")[0].split()).rstrip(".") if doc else name
+    from . import engine
+    return engine.describe(name)
 
 
 # ---------------------------------------------------------------------------------------------

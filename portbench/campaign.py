@@ -25,31 +25,21 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import sim, store
-from .engine_v1 import VllmV1Model
+from . import store
+from .engine import engine_model, simulate
 from .metrics import METRICS, cell_metrics
 from .policies import STUDY_POLICIES, make_policy
 from .regions import REGIONS, find_lambda_ref
 from .workload import (BASE_SLO_MULTIPLIER, PREDICTION_RELATIVE_ERROR, Window, check_prediction_error,
                        scale, with_prediction_error, with_slo)
 
-#: Engine models by name (the campaign's ``engine_model`` parameter).
-ENGINE_MODELS = {"lssp": sim.LsspModel, "vllm_v1": VllmV1Model}
-
 #: Modules whose source decides a cell's numbers; their hash is part of every cache key.
-_RESULT_MODULES = ("sim.py", "engine_v1.py", "queue.py", "workload.py", "metrics.py", "regions.py", "policies")
+_RESULT_MODULES = ("engine", "workload.py", "metrics.py", "regions.py", "policies")
 
 IDENTITY_COLUMNS = ["source", "window_id", "region", "region_factor", "lambda_ref", "load_factor",
                     "policy", "slo_multiplier", "prediction_error", "engine_model"]
 DIAGNOSTIC_COLUMNS = ["n_completed", "n_dropped", "n_unfinished", "n_preemptions", "n_steps"]
 RESULT_COLUMNS = IDENTITY_COLUMNS + list(METRICS) + DIAGNOSTIC_COLUMNS + ["cell_key"]
-
-
-def engine_model(name: str):
-    try:
-        return ENGINE_MODELS[name]()
-    except KeyError:
-        raise KeyError(f"unknown engine model {name!r}; known: {', '.join(ENGINE_MODELS)}") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,7 +130,7 @@ def run_window(window: Window, config: CampaignConfig, slo_multiplier: float, fi
         factor = REGIONS[region]
         if region not in scaled:
             scaled[region] = scale(variant, factor * lam)
-        result = sim.simulate(scaled[region], make_policy(policy), model)
+        result = simulate(scaled[region], make_policy(policy), model)
         n_done = int(result.completed.sum())
         n_never = int(np.isnan(result.admit_s).sum())
         rows.append({

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from . import sim
+from .engine import LsspModel, simulate
 from .policies import make_policy
 from .workload import Window, scale
 
@@ -43,9 +43,9 @@ def knee_cause(window: Window, lambda_ref: float, *, model=None, overshoot: floa
     slack: with zero wait the miss is *intrinsic* (slack ÷ λ shorter than its own decode time, which
     no scheduler can fix); otherwise it is *queueing*.
     """
-    model = model or sim.LsspModel()
+    model = model or LsspModel()
     scaled = scale(window, lambda_ref * (1 + overshoot))
-    result = sim.simulate(scaled, make_policy("fifo"), model)
+    result = simulate(scaled, make_policy("fifo"), model)
     done = result.completed
     late = np.flatnonzero(done & (result.finish_s > result.deadline_s))
     if late.size == 0:

@@ -88,7 +88,7 @@ def _calibrate(args) -> int:
     from tqdm.auto import tqdm
 
     from . import store
-    from .campaign import engine_model
+    from .engine import engine_model
     from .regions import find_lambda_ref
 
     windows = store.load_windows(args.data_dir, args.source, args.windows)

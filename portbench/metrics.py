@@ -1,5 +1,5 @@
 """The study's 11 per-cell metrics, defined once for every engine (both simulator models and both
-real backends produce a :class:`portbench.sim.RunResult` with these times):
+real backends produce a :class:`portbench.engine.RunResult` with these times):
 
 - **admission**: the request's first admission (a preempted request keeps it);
 - **TTFT**: first token ever produced − arrival (a preempted request keeps its first token);
@@ -41,7 +41,7 @@ ALWAYS_DEFINED = ("anwg", "completion_fraction", "weighted_completion")
 
 
 def cell_metrics(result) -> dict:
-    """All 11 metrics of one run (a :class:`portbench.sim.RunResult`); NaN where undefined."""
+    """All 11 metrics of one run (a :class:`portbench.engine.RunResult`); NaN where undefined."""
     n = len(result.arrival_s)
     weight = np.where(result.priority > 0, result.priority, 1.0)
     done = result.completed

@@ -33,8 +33,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import sim, store
-from .campaign import cell_key, code_fingerprint, engine_model, results_dir
+from . import store
+from .engine import engine_model, simulate
+from .campaign import cell_key, code_fingerprint, results_dir
 from .metrics import METRICS, cell_metrics
 from .policies import PRIMARY_PANEL, make_policy
 from .regions import REGIONS, find_lambda_ref
@@ -269,7 +270,7 @@ def run_parent(window: Window, config: SubWindowConfig, code: str) -> pd.DataFra
             factor = REGIONS[region]
             scaled = scale(sub, factor * lam)
             for policy in config.policies:
-                result = sim.simulate(scaled, make_policy(policy), model)
+                result = simulate(scaled, make_policy(policy), model)
                 n_done = int(result.completed.sum())
                 n_never = int(np.isnan(result.admit_s).sum())
                 rows.append({

@@ -32,7 +32,9 @@ import heapq
 import numpy as np
 import pandas as pd
 
-from . import fidelity, sim
+from . import fidelity
+from .engine import simulate
+from .engine.vllm_v1 import VllmV1Model
 from .metrics import cell_metrics
 from .workload import Window, scale
 
@@ -92,7 +94,6 @@ def simulate_configured(window: Window, policy: str, cost, *, budget: int, seqs:
     sequence cap, ``max_model_len`` (the real refusal rule), client cap and the policy's own
     parameters (``policy_params``: {policy: keyword arguments}, over the fidelity chapter's
     defaults). Returns ``(RunResult, refused mask, submit_s, iterations)``."""
-    from .engine_v1 import VllmV1Model
     from .policies import make_policy
 
     refused = fidelity.real_refused(window, max_model_len)
@@ -101,7 +102,7 @@ def simulate_configured(window: Window, policy: str, cost, *, budget: int, seqs:
     params = {**fidelity.REAL_COUNTERPARTS.get(policy, {}).get("params", {}),
               **(policy_params or {}).get(policy, {})}
     result, submit, iterations = run_capped(
-        fidelity.served_part(window, refused), lambda w: sim.simulate(w, make_policy(policy, **params), model),
+        fidelity.served_part(window, refused), lambda w: simulate(w, make_policy(policy, **params), model),
         max_in_flight)
     submit_full = np.full(len(window), np.nan)
     submit_full[~refused] = submit

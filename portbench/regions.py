@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from . import sim
+from .engine import LsspModel, RunResult, simulate, visible_steps
 from .metrics import slo_violation_rate
 from .policies import make_policy
 from .workload import Window, scale
@@ -42,7 +42,7 @@ def region_factor(region: str) -> float:
 
 def violation_rate_at(window: Window, factor: float, policy: str = "fifo", model=None) -> float:
     """FIFO's (or ``policy``'s) SLO-violation rate with the window compressed by ``factor``."""
-    return slo_violation_rate(sim.simulate(scale(window, factor), make_policy(policy), model))
+    return slo_violation_rate(simulate(scale(window, factor), make_policy(policy), model))
 
 
 def bisect_log10(ok, lo: float, hi: float, steps: int) -> tuple[float, str | None]:
@@ -77,9 +77,9 @@ def find_lambda_ref(window: Window, *, policy: str = "fifo", model=None,
     them against its own deadlines (on 24 windows, 44% of the probes) — the same answer as
     simulating it again.
     """
-    model = model or sim.LsspModel()
+    model = model or LsspModel()
     reuse = policy == "fifo" and model.fixed_steps
-    runs: dict[bytes, sim.RunResult] = {}         # visible steps -> FIFO's run
+    runs: dict[bytes, RunResult] = {}         # visible steps -> FIFO's run
     n_simulations = 0
 
     def ok(log_lambda):
@@ -89,10 +89,10 @@ def find_lambda_ref(window: Window, *, policy: str = "fifo", model=None,
             n_simulations += 1
             return violation_rate_at(window, factor, policy, model) < threshold
         scaled = scale(window, factor)
-        key = sim.visible_steps(scaled.arrival_s, model.step_s).tobytes()
+        key = visible_steps(scaled.arrival_s, model.step_s).tobytes()
         run = runs.get(key)
         if run is None:
-            run = runs[key] = sim.simulate(scaled, make_policy(policy), model)
+            run = runs[key] = simulate(scaled, make_policy(policy), model)
             n_simulations += 1
         else:
             run = dataclasses.replace(run, arrival_s=scaled.arrival_s, deadline_s=scaled.deadline_s)

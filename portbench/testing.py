@@ -23,8 +23,8 @@ import functools
 
 import numpy as np
 
-from . import sim
-from .sim import Decision, Policy, PolicyContractError, RunResult
+from .engine import LsspModel, simulate
+from .engine.api import Decision, Policy, PolicyContractError, RunResult
 from .workload import make_window, scale
 
 _EVENTS = (("admit_s", "admitted"), ("first_token_s", "first token"), ("finish_s", "finished"))
@@ -37,7 +37,7 @@ def _step_of(engine, t: float, start: bool) -> int:
     if engine.model.fixed_steps:
         k = round(t / engine.model.step_s)
         return k if start else k - 1
-    from .engine_v1 import PS
+    from .engine.stepcost import PS
     starts = np.asarray(engine.step_starts_ps, dtype=np.float64) / PS
     j = int(np.searchsorted(starts, t, side="left"))
     return j if start else j - 1
@@ -159,7 +159,7 @@ def _strategies():
         outputs = draw(st.lists(st.integers(1, 60), min_size=n, max_size=n))
         predicted = draw(st.lists(st.integers(1, 80), min_size=n, max_size=n))
         factor = draw(st.sampled_from([0.5, 5.0, 50.0, 400.0]))
-        model = sim.LsspModel(max_active_sequences=draw(st.integers(1, 8)),
+        model = LsspModel(max_active_sequences=draw(st.integers(1, 8)),
                               max_kv_tokens=draw(st.sampled_from([400, 600, 1000, 3000])),
                               drain_s=draw(st.sampled_from([0.2, 5.0])))
         w = make_window("random", "test", np.cumsum(gaps), inputs, outputs, predicted)
@@ -167,7 +167,7 @@ def _strategies():
 
     @st.composite
     def vllm_v1_cases(draw):
-        from .engine_v1 import StepCost, VllmV1Model
+        from .engine import StepCost, VllmV1Model
         window, lssp = draw(lssp_cases())
         cost = StepCost(fixed_s=draw(st.sampled_from([1e-3, 5.75e-3])),
                         per_prefill_token_s=draw(st.sampled_from([0.0, 17.3e-6])),
@@ -212,7 +212,7 @@ def real_cases(engine_model: str, n_windows: int = 2) -> tuple:
     import pandas as pd
 
     from . import store
-    from .campaign import engine_model as make_model
+    from .engine import engine_model as make_model
     from .regions import find_lambda_ref, region_factor
     from .workload import with_slo
 
@@ -257,7 +257,7 @@ def check_policy(policy_class, params: dict | None = None, *, engine_models=("ls
 
     def check(window, model, engine):
         first = verified_run(window, policy_class(**params), model)
-        again = sim.simulate(window, policy_class(**params), model)
+        again = simulate(window, policy_class(**params), model)
         diff = first_difference(first, again)
         if diff:
             raise PolicyContractError(f"policy {policy_class.name!r} under {engine}: two runs of "

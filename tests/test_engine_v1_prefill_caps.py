@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from portbench import sim
-from portbench.engine_v1 import StepCost, VllmV1Model
+from portbench.engine import StepCost, VllmV1Model
 from portbench.policies import make_policy
 from portbench.testing import check_policy, real_cases, verified_run
 from portbench.workload import make_window

@@ -30,7 +30,7 @@ def frozen_windows():
 def test_vllm_v1_fast_path_on_frozen_windows(policy, frozen_windows):
     """Real windows at and far past the vllm_v1 knee (long queues, KV-bound admission, preemption):
     the fast path, with its stretches over arrivals that cannot be admitted, equals the walk."""
-    from portbench.engine_v1 import VllmV1Model
+    from portbench.engine import VllmV1Model
     model = VllmV1Model(max_kv_tokens=32768)
     for window in frozen_windows:
         for factor in (1.5, 6.0):

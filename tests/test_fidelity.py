@@ -6,7 +6,8 @@ import pandas as pd
 import pytest
 
 from portbench import fidelity, sim
-from portbench.engine_v1 import PS, StepCost, VllmV1Model
+from portbench.engine import StepCost, VllmV1Model
+from portbench.engine.stepcost import PS
 from portbench.policies import make_policy
 from portbench.workload import make_window
 

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from portbench import sim, store
-from portbench.engine_v1 import VllmV1Model
+from portbench.engine import VllmV1Model
 from portbench.policies import make_policy
 from portbench.queue import KeyPolicy
 from portbench.regions import region_factor

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from portbench import metrics, sim
-from portbench.engine_v1 import StepCost, VllmV1Model
+from portbench.engine import StepCost, VllmV1Model
 from portbench.sim import Decision, Policy
 from portbench.testing import verified_run
 from portbench.workload import make_window

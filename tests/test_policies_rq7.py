@@ -264,7 +264,7 @@ def test_srpt_oracle_admits_shortest_true_output_first():
 def test_preemptive_policies_run_under_the_vllm_v1_engine():
     # A burst on a tight vLLM-like engine: every request of a small window completes, and the
     # engine preempts or the policy does, with fast == step by step (both_modes).
-    from portbench.engine_v1 import VllmV1Model
+    from portbench.engine import VllmV1Model
     rng = np.random.default_rng(0)
     n = 30
     w = make_window("burst", "test", np.sort(rng.uniform(0, 0.05, n)), rng.integers(20, 300, n),

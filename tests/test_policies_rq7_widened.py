@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from portbench import sim
-from portbench.engine_v1 import VllmV1Model
+from portbench.engine import VllmV1Model
 from portbench.policies import make_policy
 from portbench.testing import real_cases
 

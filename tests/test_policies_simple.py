@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from portbench import sim
-from portbench.engine_v1 import VllmV1Model
+from portbench.engine import VllmV1Model
 from portbench.policies import available, make_policy
 from portbench.workload import Window, make_window
 

@@ -12,7 +12,8 @@ import pandas as pd
 import pytest
 
 from portbench import fidelity, sim, testing
-from portbench.engine_v1 import PS, StepCost, VllmV1Model
+from portbench.engine import StepCost, VllmV1Model
+from portbench.engine.stepcost import PS
 from portbench.metrics import slo_violation_rate
 from portbench.policies import make_policy
 from portbench.realengine import probe_window, to_run_result

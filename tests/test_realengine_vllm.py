@@ -209,7 +209,7 @@ def test_vllm_refuses_or_caps_what_the_replay_refuses(runs):
 
 
 def fidelity_cost():
-    from portbench.engine_v1 import StepCost
+    from portbench.engine import StepCost
     return StepCost()
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from .cases import (EQUAL_TAG, GUARDED_TAG, RUN_KEYS, SHAPES, batch_shape, case_tag, load_case, run_rows,
     run_steps)
-from .stepcost import (COST_KINDS, RICH_TERMS, RichStepCost, SMALL_BATCH_TOKENS, ScaledStepCost,
+from ..engine.stepcost import (COST_KINDS, RICH_TERMS, RichStepCost, SMALL_BATCH_TOKENS, ScaledStepCost,
     ShapedStepCost, cross_validated_costs, cross_validated_step_error, fit_linear, fit_median_relative,
     linear_step_ps, predict_step_s, predicted_step_s, prefill_attention, rich_design, run_speed_factors,
     step_error_table, step_ratios, window_folds)

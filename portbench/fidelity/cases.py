@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-
+from ..engine.stepcost import RUN_KEYS, SHAPES, batch_shape, run_steps  # noqa: F401  (the step log's readings)
 
 
 # --- a real-engine case by its tag ----------------------------------------------------------------
@@ -26,13 +26,13 @@ def case_tag(tag: str) -> str:
 
 def load_case(tag: str = GUARDED_TAG, *, data_dir=None) -> dict:
     """A committed real-engine case's runs, requests, steps, windows (window_id → Window) and
-    ``profile_cost``: the :class:`~portbench.engine_v1.StepCost` fitted to the step profile
+    ``profile_cost``: the :class:`~portbench.engine.StepCost` fitted to the step profile
     (``<tag>_cost.json``; a case without its own profile takes the guarded case's, measured on the
     same host with the same model shape), and ``cost_tag``, the tag it came from."""
     import json
 
     from .. import store as _store
-    from ..engine_v1 import StepCost
+    from ..engine.stepcost import StepCost
     from ..realengine.study import realengine_dir
 
     tag = case_tag(tag)
@@ -45,40 +45,6 @@ def load_case(tag: str = GUARDED_TAG, *, data_dir=None) -> dict:
             "windows": {w.window_id: w for w in _store.load_windows(window_ids=sorted(set(runs["window_id"])))},
             "profile_cost": StepCost(**json.loads((d / f"{cost_tag}_cost.json").read_text())["cost"]),
             "cost_tag": cost_tag}
-
-
-# --- the real engine's step log ------------------------------------------------------------------
-#: The columns that name one real run (a window, a policy, a repetition).
-RUN_KEYS = ["window_id", "policy", "repetition"]
-
-#: Batch shapes of a step: prompt tokens only, one-token decodes only, or both in the same step.
-SHAPES = ("prefill only", "decode only", "mixed")
-
-
-def batch_shape(prefill, decode) -> np.ndarray:
-    """Each step's batch shape (:data:`SHAPES`; "empty" when nothing was scheduled)."""
-    p, d = np.asarray(prefill) > 0, np.asarray(decode) > 0
-    return np.select([p & ~d, ~p & d, p & d], list(SHAPES), "empty")
-
-
-def run_steps(steps: pd.DataFrame) -> pd.DataFrame:
-    """The kept attempt's steps of each run, in order, with ``end_s`` (start + duration), ``busy``
-    (the engine had unfinished requests after the step, so the next step followed at once),
-    ``gap_s`` (the next step's start − this step's end, where busy) and ``shape``."""
-    if "kept" in steps:
-        steps = steps[steps["kept"].astype(bool)]
-    missing = {"start_s", "duration_s", "prefill_tokens", "decode_seqs", "context_tokens",
-               "scheduled_seqs", "running", "waiting"} - set(steps.columns)
-    if missing:
-        raise ValueError(f"step log lacks columns {sorted(missing)}")
-    steps = steps.sort_values(RUN_KEYS + ["step"]).reset_index(drop=True)
-    end = steps["start_s"] + steps["duration_s"]
-    same = (steps[RUN_KEYS].shift(-1) == steps[RUN_KEYS]).all(axis=1)
-    busy = same & (steps["running"] + steps["waiting"] > 0)
-    nxt = steps["start_s"].shift(-1)
-    return steps.assign(end_s=end, busy=busy, next_start_s=nxt.where(same),
-                        gap_s=(nxt - end).where(busy),
-                        shape=batch_shape(steps["prefill_tokens"], steps["decode_seqs"]))
 
 
 def run_rows(frame: pd.DataFrame, run) -> pd.DataFrame:

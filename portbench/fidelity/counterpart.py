@@ -10,12 +10,14 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
-from .. import sim, stats
+from .. import stats
+from ..engine import RunResult, simulate
+from ..engine.vllm_v1 import VllmV1Model
 from ..metrics import cell_metrics
 from ..policies import make_policy
 from ..workload import scale
 from .cases import GUARDED_TAG, RUN_KEYS, run_rows, case_tag, run_steps
-from .stepcost import ScaledStepCost, ShapedStepCost, cross_validated_costs, run_speed_factors
+from ..engine.stepcost import ScaledStepCost, ShapedStepCost, cross_validated_costs, run_speed_factors
 
 
 #: How each policy of the real-engine case is modelled in the ``vllm_v1`` engine model, so that the
@@ -64,10 +66,9 @@ def simulate_counterpart(window, policy: str, cost, *, kv_tokens: int = 500_000,
     ``make_policy(policy, ...)`` (the same policy, instrumented: :class:`MeasuredClockSlai`);
     ``on_engine(engine, index)``: called with the engine before it runs and ``index`` (the engine's
     request id → the window's request index), as :class:`ReplayedStepTimes` needs to log batches
-    (the run is :func:`portbench.sim.simulate`'s, step for step).
+    (the run is :func:`portbench.simulate`'s, step for step).
     Returns ``(RunResult, refused mask)``.
     """
-    from ..engine_v1 import VllmV1Model
 
     spec = REAL_COUNTERPARTS[policy]
     if max_model_len is None or not np.isfinite(max_model_len):
@@ -80,7 +81,7 @@ def simulate_counterpart(window, policy: str, cost, *, kv_tokens: int = 500_000,
 
     def run(win, index):
         if on_engine is None:
-            return sim.simulate(win, policy_obj, model)
+            return simulate(win, policy_obj, model)
         engine = model.make_engine(win, policy_obj)
         on_engine(engine, index)
         engine.run()
@@ -108,7 +109,7 @@ def on_full_window(window, result, refused):
         out[keep] = values
         return out
 
-    return sim.RunResult(window.window_id, result.policy, result.engine_model, window.arrival_s,
+    return RunResult(window.window_id, result.policy, result.engine_model, window.arrival_s,
                          window.deadline_s, window.input_tokens, window.output_tokens,
                          np.ones(len(window)), admit_s=full(result.admit_s),
                          first_token_s=full(result.first_token_s), finish_s=full(result.finish_s),
@@ -121,7 +122,7 @@ def sim_vs_real(runs: pd.DataFrame, requests: pd.DataFrame, windows: dict, cost,
                 ) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     """Replay the real engine's runs in the calibrated ``vllm_v1`` model and compare.
 
-    ``windows``: window_id → Window; ``cost``: a :class:`portbench.engine_v1.StepCost` fitted to
+    ``windows``: window_id → Window; ``cost``: a :class:`portbench.engine.StepCost` fitted to
     the real engine's step profile. Both sides refuse the same requests (:func:`simulate_counterpart`;
     the run's ``max_model_len`` where the table has it). Repetitions of a run (column
     ``repetition``) are compared one by one with the same simulation; ``exclude_host_flagged`` drops

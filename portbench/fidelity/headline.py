@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .. import sim, stats
+from .. import stats
+from ..engine import LsspModel, simulate
 from ..metrics import cell_metrics
 from ..policies import PRIMARY_PANEL, make_policy
 from ..regions import REGIONS
@@ -59,14 +60,14 @@ def hol_ablation(windows, lambda_refs: dict, *, region: str = "HIGH_PRESSURE", m
     Returns a tidy table with one row per (window, policy label) and the columns the statistics
     functions expect (``policy`` is ``vllm_faithful[<rule>]`` for the variants).
     """
-    model = model or sim.LsspModel()
+    model = model or LsspModel()
     rows = []
     for w in windows:
         scaled = scale(w, REGIONS[region] * lambda_refs[w.window_id])
         runs = [("slai_faithful", make_policy("slai_faithful"))]
         runs += [(f"vllm_faithful[{v}]", make_policy("vllm_faithful", oversize=v)) for v in variants]
         for label, policy in runs:
-            m = cell_metrics(sim.simulate(scaled, policy, model))
+            m = cell_metrics(simulate(scaled, policy, model))
             rows.append({"source": w.source, "window_id": w.window_id, "region": region,
                          "slo_multiplier": w.slo_multiplier, "policy": label, **m})
     return pd.DataFrame(rows)

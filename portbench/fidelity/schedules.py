@@ -10,27 +10,25 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
-from .. import sim
 from ..workload import scale
 from .cases import RUN_KEYS, run_rows, run_steps
 from .counterpart import REAL_COUNTERPARTS, simulate_counterpart
 from .slai_clock import measured_clock_slai, slai_measured_step_s
-from .stepcost import linear_step_ps
+from ..engine.stepcost import PS, linear_step_ps
 
 
 # --- replayed cost: the k-th simulated step takes as long as the real k-th step did --------------
 class ReplayedStepTimes:
-    """A step cost for :class:`portbench.engine_v1.VllmV1Model` that replays one real run's step
+    """A step cost for :class:`portbench.engine.VllmV1Model` that replays one real run's step
     times: step ``k`` ends where the real step ``k`` was followed by the real step ``k + 1`` (its
     start), or at the real step's end where the real engine then waited for an arrival; so each
     simulated step starts when the real one did, whatever the batch. Steps beyond the real run's
-    last are timed by ``fallback`` (a :class:`~portbench.engine_v1.StepCost`); ``beyond`` counts them.
+    last are timed by ``fallback`` (a :class:`~portbench.engine.StepCost`); ``beyond`` counts them.
     Every step's batch is logged (:meth:`log`): its counts always, and which requests ran with how
     many tokens when :meth:`attach` has given it the engine (``simulate_counterpart(on_engine=
     replay.attach)``)."""
 
     def __init__(self, run_steps_frame: pd.DataFrame, fallback):
-        from ..engine_v1 import PS
 
         frame = run_steps_frame.sort_values("step")
         if len(frame) and not (frame["step"].to_numpy() == np.arange(len(frame))).all():
@@ -344,7 +342,6 @@ def replay_run(run, requests: pd.DataFrame, steps: pd.DataFrame, windows: dict, 
     where logged), ``sim_steps`` (:meth:`ReplayedStepTimes.log`), ``real_requests`` and
     ``sim_requests`` (:func:`request_steps`), ``real_visible``, ``sim_visible``, ``served``,
     ``arrival_s`` (the replay's) and ``result``."""
-    from ..engine_v1 import PS
 
     rs = run_rows(steps, run).reset_index(drop=True)
     if not len(rs):

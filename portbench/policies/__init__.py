@@ -1,6 +1,6 @@
 """The scheduling policies, one module each, registered by their study id.
 
-A new policy is one module in this package that defines a :class:`portbench.sim.Policy` subclass
+A new policy is one module in this package that defines a :class:`portbench.engine.Policy` subclass
 decorated with :func:`register`; it is found automatically.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from ..sim import Policy
+from ..engine.api import Policy
 
 _REGISTRY: dict[str, type[Policy]] = {}
 

@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..sim import Policy
+from ..engine.api import Policy
 from ._blocks import BlockManager, reserve_slot
 from ._common import fits
 

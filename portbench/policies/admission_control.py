@@ -4,8 +4,8 @@ import math
 
 import numpy as np
 
-from ..queue import KeyPolicy
-from ..sim import Decision
+from ..engine.queue import KeyPolicy
+from ..engine.api import Decision
 from . import register
 from ._common import ALPHA, BETA, ESTIMATE_UNIT_S, estimate_s
 

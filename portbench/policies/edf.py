@@ -1,6 +1,6 @@
 """``edf``: earliest SLO deadline first."""
 
-from ..queue import KeyPolicy
+from ..engine.queue import KeyPolicy
 from . import register
 
 

@@ -1,6 +1,6 @@
 """``estimated_service_time_first``: smallest est = 0.5 * prompt + predicted output first."""
 
-from ..queue import KeyPolicy
+from ..engine.queue import KeyPolicy
 from . import register
 from ._common import ALPHA, BETA, estimate
 

@@ -23,7 +23,7 @@ MLFQ proposal (PR #25567, ``vllm/v1/core/sched/mlfq_request_queue.py``):
   where FastServe's swapping keeps them;
 - **preemptive**: the order is (level, running before waiting, arrival); a waiting request that does
   not fit evicts running requests of strictly lower level, the lowest first, when that makes it fit
-  (the walk of :func:`~portbench.queue.admit_by_key`).
+  (the walk of :func:`~portbench.engine.queue.admit_by_key`).
   FastServe rebuilds the batch each iteration and swaps evicted KV to host memory; here eviction is
   the engines' recompute preemption (``lssp`` drops the generated tokens), a much dearer move.
 
@@ -45,9 +45,9 @@ import heapq
 
 import numpy as np
 
-from ..sim import NEVER, Decision, Policy
+from ..engine.api import NEVER, Decision, Policy
 from . import register
-from ..queue import WaitingOrder, admit_by_key, arrival_rank, ranked_key
+from ..engine.queue import WaitingOrder, admit_by_key, arrival_rank, ranked_key
 
 
 #: Levels tracked when ``num_levels`` is None (quanta past 2**60 tokens are never used up).

@@ -1,6 +1,6 @@
 """``fifo``: the engine's queue as it stands (arrival order, preempted requests in front)."""
 
-from ..sim import Decision, Policy
+from ..engine.api import Decision, Policy
 from . import register
 
 

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..sim import Decision, Policy
+from ..engine.api import Decision, Policy
 from . import register
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..queue import KeyPolicy
+from ..engine.queue import KeyPolicy
 from . import register
 from ._common import ALPHA, BETA, ESTIMATE_UNIT_S, estimate_s
 

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from ..sim import NEVER, Decision, Policy
+from ..engine.api import NEVER, Decision, Policy
 from . import register
 from ._common import ALPHA, BETA, ESTIMATE_UNIT_S, estimate_s
 

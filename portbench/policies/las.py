@@ -10,7 +10,7 @@ a recompute preemption still count: they were service received). The waiting que
 ``(attained, arrival, id)`` order and admitted while it fits (misfits skipped under ``lssp``,
 head-of-line under ``vllm_v1``). **Preemption**: a request that has attained no service yet (a new
 arrival) and does not fit evicts running requests of strictly more attained service, the most first,
-when that makes it fit (the walk of :func:`~portbench.queue.admit_by_key`: evictions
+when that makes it fit (the walk of :func:`~portbench.engine.queue.admit_by_key`: evictions
 only for the top-ranked requests that do not fit the engine as it is). FB's other preemption — a running request overtaking a waiting one's
 attained service, which time-shares equals token by token — is left out: with recompute preemption
 (``lssp`` drops the generated tokens) two long requests would evict each other forever. Each
@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..sim import Decision, Policy
+from ..engine.api import Decision, Policy
 from . import register
-from ..queue import WaitingOrder, admit_by_key, arrival_rank, ranked_key
+from ..engine.queue import WaitingOrder, admit_by_key, arrival_rank, ranked_key
 
 
 class AttainedService:

@@ -1,6 +1,6 @@
 """``least_laxity_first``: smallest (deadline - now) - est first, as the study implemented it."""
 
-from ..queue import KeyPolicy
+from ..engine.queue import KeyPolicy
 from . import register
 from ._common import ALPHA, BETA, estimate
 

@@ -9,7 +9,7 @@ requests in front). The engine model decides what happens to a request that does
 under ``lssp``, head-of-line under ``vllm_v1``). No preemption, no state, no use of the clock.
 """
 
-from ..queue import KeyPolicy
+from ..engine.queue import KeyPolicy
 from . import register
 
 

@@ -19,7 +19,7 @@ import numbers
 
 import numpy as np
 
-from ..queue import KeyPolicy
+from ..engine.queue import KeyPolicy
 from . import register
 
 

@@ -10,7 +10,7 @@ decodes every admitted request from its admission step on (the study's Phase-1 m
 
 from __future__ import annotations
 
-from ..sim import Decision
+from ..engine.api import Decision
 from . import register
 from ._paged import PagedPolicy
 

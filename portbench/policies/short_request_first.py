@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..queue import KeyPolicy
+from ..engine.queue import KeyPolicy
 from . import register
 
 IMMEDIATE, AGED_LONG, SHORT, LONG = range(4)

@@ -24,7 +24,7 @@ import math
 
 import numpy as np
 
-from ..queue import KeyPolicy
+from ..engine.queue import KeyPolicy
 from . import register
 
 

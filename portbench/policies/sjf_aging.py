@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..queue import KeyPolicy
+from ..engine.queue import KeyPolicy
 from . import register
 
 NORMALIZATIONS = ("sigmoid", "rational")

@@ -26,10 +26,10 @@ import math
 
 import numpy as np
 
-from ..sim import Decision
+from ..engine.api import Decision
 from . import register
 from ._paged import PagedPolicy
-from ..queue import WaitingOrder
+from ..engine.queue import WaitingOrder
 
 
 @dataclasses.dataclass(frozen=True)

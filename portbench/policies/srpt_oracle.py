@@ -10,7 +10,7 @@ resets it, so an evicted request's remaining is its whole output again; ``vllm_v
 emitted tokens). The waiting queue is walked in ``(remaining, arrival, id)`` order and admitted while
 it fits (misfits skipped under ``lssp``, head-of-line under ``vllm_v1``); a request that does not fit
 evicts running requests of strictly longer remaining, the longest first, when that makes it fit (the
-walk of :func:`~portbench.queue.admit_by_key`: evictions only for the top-ranked
+walk of :func:`~portbench.engine.queue.admit_by_key`: evictions only for the top-ranked
 requests that do not fit the engine as it is).
 
 **The oracle's one privilege**: the view hides true output lengths; this policy declares
@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..sim import Decision, Policy
+from ..engine.api import Decision, Policy
 from . import register
-from ..queue import WaitingOrder, admit_by_key, arrival_rank, ranked_key
+from ..engine.queue import WaitingOrder, admit_by_key, arrival_rank, ranked_key
 
 
 @register

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from ..sim import Decision
+from ..engine.api import Decision
 from . import register
 from ._paged import PagedPolicy
 

@@ -16,7 +16,7 @@ left of the step's budget, as a chunked-prefill engine would.
 
 from __future__ import annotations
 
-from ..sim import Decision
+from ..engine.api import Decision
 from . import register
 from ._paged import PagedPolicy
 

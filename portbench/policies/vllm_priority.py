@@ -14,7 +14,7 @@ How it maps onto portbench, where the engine owns KV and the admission rule:
 - **priority preemption** (``evict``): when the highest-priority waiting requests do not fit the
   engine as it is (no sequence slot, or a prompt not in the KV room), each in turn evicts running
   requests of strictly lower priority, lowest first, if that makes it fit (and evicts nothing when
-  even all of them would not); see :func:`portbench.queue.admit_by_key`. vLLM v1 itself only
+  even all of them would not); see :func:`portbench.engine.queue.admit_by_key`. vLLM v1 itself only
   preempts when a *running* request cannot grow its KV; the waiting-triggered rule is vLLM v0's
   ``Scheduler._schedule_priority_preemption`` (``vllm/core/scheduler.py``: the queue head evicts
   lower priorities until it can be scheduled), which v1 dropped. The engine's own growth preemption
@@ -25,7 +25,7 @@ Priorities are static, so no timer: over a skipped stretch KV only grows, which 
 fitting request or a feasible eviction into an unfeasible one.
 """
 
-from ..queue import KeyPolicy
+from ..engine.queue import KeyPolicy
 from . import register
 
 

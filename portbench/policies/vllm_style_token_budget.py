@@ -1,6 +1,6 @@
 """``vllm_style_token_budget``: shortest predicted output first, prompts charged in whole KV blocks."""
 
-from ..sim import NEVER, Decision, Policy
+from ..engine.api import NEVER, Decision, Policy
 from . import register
 from ._common import admit_in_order
 

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from ..queue import KeyPolicy
+from ..engine.queue import KeyPolicy
 from . import register
 from ._common import ALPHA, BETA, estimate
 

@@ -4,7 +4,7 @@ Requests are submitted at their (scaled) arrival times with prompts of exactly t
 (random token ids: the weights are random too, and timing does not depend on either) and generate
 exactly their trace output length (end-of-sequence ignored). Per request we record arrival, first
 token and finish times (seconds from the replay's start), so the result is a
-:class:`portbench.sim.RunResult` and :func:`portbench.metrics.cell_metrics` applies unchanged.
+:class:`portbench.engine.RunResult` and :func:`portbench.metrics.cell_metrics` applies unchanged.
 
 Each backend also has ``probe(policy, **engine_kwargs)``: the fixed batch of :func:`probe_window`
 on the same engine and settings, whose wall time the case compares before and after every run with
@@ -25,7 +25,7 @@ import platform
 
 import numpy as np
 
-from ..sim import RunResult
+from ..engine.api import RunResult
 from ..workload import Window
 
 BACKENDS = ("transformers", "vllm")

@@ -162,7 +162,7 @@ def main(argv=None) -> int:
 
 
 def refit(tag: str, data_dir: Path | None = None) -> dict:
-    """The step cost (:class:`portbench.engine_v1.StepCost`: fixed + per prefill token + per decoding
+    """The step cost (:class:`portbench.engine.StepCost`: fixed + per prefill token + per decoding
     sequence + per context token, gap = the profile's median gap) refitted on the run's step profile
     (``<tag>_step_profile.parquet``: each timed step's batch as the engine built it) by non-negative
     least squares on the *relative* error: the profile's steps span 12 ms to 300 ms, and an absolute
@@ -172,7 +172,7 @@ def refit(tag: str, data_dir: Path | None = None) -> dict:
     there are any: the steps whose duration is known), whose contexts reach beyond the profile's."""
     from scipy.optimize import nnls
 
-    from ..engine_v1 import StepCost
+    from ..engine.stepcost import StepCost
     from ..fidelity import predicted_step_s
 
     out = realengine_dir(data_dir)

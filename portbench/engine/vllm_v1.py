@@ -34,7 +34,7 @@ can, a stretch runs on past arrivals that could not be admitted either (free blo
 it), however the policy would have ranked them. Its admissions are taken lazily, so a long queue is
 walked only as far as the engine admits. The per-request loops of a step and of a stretch are
 compiled with numba over one int64 table (a row per request); the policies still see plain Python.
-A ``steady`` decision (see :class:`~portbench.sim.Decision`) is repeated at the steps it covers
+A ``steady`` decision (see :class:`~portbench.engine.Decision`) is repeated at the steps it covers
 without asking the policy; those steps are walked one by one all the same (their times depend on
 what runs), and a completion, a preemption or a refused admission ends the repetition. After a
 step in which the decision held every running request and the engine refused its admission (nothing
@@ -56,10 +56,10 @@ from typing import ClassVar, NamedTuple
 import numba
 import numpy as np
 
-from .sim import (NEVER, Decision, EngineView, Policy, PolicyContractError, RunResult, check_decision,
+from .api import (NEVER, Decision, EngineView, Policy, PolicyContractError, RunResult, check_decision,
                   check_in_window, read_only, skips_steps)
+from .stepcost import PS, StepCost
 
-PS = 10 ** 12          # picoseconds per second
 _TIMER_MARGIN_PS = 10 ** 6      # a clock timer fires up to a microsecond early (float round-off)
 _MAX_STRETCH = 1 << 40          # no other bound on a stretch's length than its events
 _NO_DECISION = Decision()
@@ -73,81 +73,6 @@ class _Repeat(NamedTuple):
     decision: Decision
     until_step: float
     until_ps: float
-
-
-@dataclasses.dataclass(frozen=True)
-class StepCost:
-    """Step time = fixed + per prefill token + per decoding sequence + per context token read (s),
-    plus ``gap_s``: the engine's time between the end of one step and the start of the next (its own
-    bookkeeping and the serving loop's), added to every step. The default gap of 0 leaves every
-    simulation as it was without the term.
-
-    A cost object may instead time each step itself: one with a method ``step_ps(step, start_ps,
-    prefill, decodes, context, scheduled)`` (the step's index and start in picoseconds, its prefill
-    tokens, decoding sequences, context tokens and scheduled requests; returns its time, gap included,
-    in integer picoseconds) is asked at every step, and the engine then walks every step (no
-    closed-form pure-decode or idle stretch). It still needs ``picoseconds()`` and ``fixed_s`` (the
-    model's nominal step and quiet-step bound). :mod:`portbench.fidelity` has two: a real run's
-    recorded step times, and a cost fitted per batch shape."""
-
-    fixed_s: float = 5.75e-3
-    per_prefill_token_s: float = 17.3e-6
-    per_decode_seq_s: float = 6.0e-6
-    per_context_token_s: float = 0.0
-    gap_s: float = 0.0
-
-    def picoseconds(self) -> tuple[int, int, int, int, int]:
-        """(fixed, per prefill token, per decoding sequence, per context token, gap) in integer ps."""
-        return tuple(int(round(x * PS)) for x in (self.fixed_s, self.per_prefill_token_s,
-                                                   self.per_decode_seq_s, self.per_context_token_s,
-                                                   self.gap_s))
-
-    #: Bins of the per-range fit error (left-closed edges; the last bin is open).
-    PREFILL_BINS: ClassVar[tuple] = (0, 1, 129, 513, 1025, 2561)
-    DECODE_BINS: ClassVar[tuple] = (0, 1, 9, 33, 129)
-
-    @classmethod
-    def fit(cls, profile, *, step="step_s", prefill="prefill_tokens", decode="decode_seqs",
-            context="kv_context_tokens", gap="gap_s", by_range: bool = False):
-        """Non-negative least squares on a step profile (one row per measured step).
-
-        ``gap_s`` is the median of the profile's ``gap`` column where it has one (else 0).
-        Returns the cost model and the fit's relative error (median |pred − obs| ÷ obs of the step
-        time, gap excluded); with ``by_range=True`` also a table of that error by prefill-token bin
-        and decoding-sequence bin (:attr:`PREFILL_BINS`, :attr:`DECODE_BINS`): columns
-        ``prefill_bin, decode_bin, n, median_rel_error, median_step_s``.
-        """
-        import pandas as pd
-        from scipy.optimize import nnls
-
-        x = np.column_stack([np.ones(len(profile)), profile[prefill], profile[decode],
-                             profile[context] if context in profile else np.zeros(len(profile))])
-        y = profile[step].to_numpy(dtype=float)
-        coef, _ = nnls(x.astype(float), y)
-        pred = x @ coef
-        rel = np.abs(pred - y) / y
-        gap_s = 0.0
-        if gap in profile:
-            gaps = profile[gap].to_numpy(dtype=float)
-            gaps = gaps[np.isfinite(gaps)]
-            gap_s = float(max(0.0, np.median(gaps))) if gaps.size else 0.0
-        cost = cls(*map(float, coef), gap_s=gap_s)
-        if not by_range:
-            return cost, float(np.median(rel))
-
-        def label(edges, values):
-            names = [f"{a}" if b == a + 1 else f"{a}-{b - 1}" for a, b in zip(edges[:-1], edges[1:])]
-            names.append(f">={edges[-1]}")
-            idx = np.searchsorted(np.asarray(edges), np.asarray(values, dtype=float), side="right") - 1
-            return [names[i] if i >= 0 else f"<{edges[0]}" for i in idx]
-
-        frame = pd.DataFrame({"prefill_bin": label(cls.PREFILL_BINS, profile[prefill]),
-                              "decode_bin": label(cls.DECODE_BINS, profile[decode]),
-                              "rel_error": rel, "step_s": y})
-        table = (frame.groupby(["prefill_bin", "decode_bin"], sort=False)
-                 .agg(n=("rel_error", "size"), median_rel_error=("rel_error", "median"),
-                      median_step_s=("step_s", "median")).reset_index())
-        return cost, float(np.median(rel)), table
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,13 +1,132 @@
-"""The step-cost models fitted to a real engine's step log (linear, per batch shape, rich, scaled)
-and their cross-validation by window; each run's own speed against them.
+"""Every step-cost model of the engine models, its fit and its cross-validation, in one place.
+
+A step-cost model times one engine step from its batch: :class:`StepCost` (linear in prefill tokens,
+decoding sequences and context tokens, plus the inter-step gap; the ``vllm_v1`` model's own),
+:class:`ShapedStepCost` (linear per batch shape), :class:`RichStepCost` (more terms, fitted by
+median relative error) and :class:`ScaledStepCost` (another cost times a factor). They share one
+interface: ``picoseconds()`` and ``fixed_s`` for the engine's nominal step, and, where a model times
+each step itself, ``step_ps(step, start_ps, prefill, decodes, context, scheduled)``. Each has a
+``fit`` on a real engine's step log (:func:`run_steps` reads one), and :func:`cross_validated_costs`
+fits them with each window's fold held out.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from typing import ClassVar
+
 import numpy as np
 import pandas as pd
 
-from .cases import RUN_KEYS, SHAPES, batch_shape, run_steps
+PS = 10 ** 12          # picoseconds per second
+
+
+@dataclasses.dataclass(frozen=True)
+class StepCost:
+    """Step time = fixed + per prefill token + per decoding sequence + per context token read (s),
+    plus ``gap_s``: the engine's time between the end of one step and the start of the next (its own
+    bookkeeping and the serving loop's), added to every step. The default gap of 0 leaves every
+    simulation as it was without the term.
+
+    A cost object may instead time each step itself: one with a method ``step_ps(step, start_ps,
+    prefill, decodes, context, scheduled)`` (the step's index and start in picoseconds, its prefill
+    tokens, decoding sequences, context tokens and scheduled requests; returns its time, gap included,
+    in integer picoseconds) is asked at every step, and the engine then walks every step (no
+    closed-form pure-decode or idle stretch). It still needs ``picoseconds()`` and ``fixed_s`` (the
+    model's nominal step and quiet-step bound): :class:`ShapedStepCost` below, and
+    :mod:`portbench.fidelity`'s replay of a real run's recorded step times."""
+
+    fixed_s: float = 5.75e-3
+    per_prefill_token_s: float = 17.3e-6
+    per_decode_seq_s: float = 6.0e-6
+    per_context_token_s: float = 0.0
+    gap_s: float = 0.0
+
+    def picoseconds(self) -> tuple[int, int, int, int, int]:
+        """(fixed, per prefill token, per decoding sequence, per context token, gap) in integer ps."""
+        return tuple(int(round(x * PS)) for x in (self.fixed_s, self.per_prefill_token_s,
+                                                   self.per_decode_seq_s, self.per_context_token_s,
+                                                   self.gap_s))
+
+    #: Bins of the per-range fit error (left-closed edges; the last bin is open).
+    PREFILL_BINS: ClassVar[tuple] = (0, 1, 129, 513, 1025, 2561)
+    DECODE_BINS: ClassVar[tuple] = (0, 1, 9, 33, 129)
+
+    @classmethod
+    def fit(cls, profile, *, step="step_s", prefill="prefill_tokens", decode="decode_seqs",
+            context="kv_context_tokens", gap="gap_s", by_range: bool = False):
+        """Non-negative least squares on a step profile (one row per measured step).
+
+        ``gap_s`` is the median of the profile's ``gap`` column where it has one (else 0).
+        Returns the cost model and the fit's relative error (median |pred − obs| ÷ obs of the step
+        time, gap excluded); with ``by_range=True`` also a table of that error by prefill-token bin
+        and decoding-sequence bin (:attr:`PREFILL_BINS`, :attr:`DECODE_BINS`): columns
+        ``prefill_bin, decode_bin, n, median_rel_error, median_step_s``.
+        """
+        from scipy.optimize import nnls
+
+        x = np.column_stack([np.ones(len(profile)), profile[prefill], profile[decode],
+                             profile[context] if context in profile else np.zeros(len(profile))])
+        y = profile[step].to_numpy(dtype=float)
+        coef, _ = nnls(x.astype(float), y)
+        pred = x @ coef
+        rel = np.abs(pred - y) / y
+        gap_s = 0.0
+        if gap in profile:
+            gaps = profile[gap].to_numpy(dtype=float)
+            gaps = gaps[np.isfinite(gaps)]
+            gap_s = float(max(0.0, np.median(gaps))) if gaps.size else 0.0
+        cost = cls(*map(float, coef), gap_s=gap_s)
+        if not by_range:
+            return cost, float(np.median(rel))
+
+        def label(edges, values):
+            names = [f"{a}" if b == a + 1 else f"{a}-{b - 1}" for a, b in zip(edges[:-1], edges[1:])]
+            names.append(f">={edges[-1]}")
+            idx = np.searchsorted(np.asarray(edges), np.asarray(values, dtype=float), side="right") - 1
+            return [names[i] if i >= 0 else f"<{edges[0]}" for i in idx]
+
+        frame = pd.DataFrame({"prefill_bin": label(cls.PREFILL_BINS, profile[prefill]),
+                              "decode_bin": label(cls.DECODE_BINS, profile[decode]),
+                              "rel_error": rel, "step_s": y})
+        table = (frame.groupby(["prefill_bin", "decode_bin"], sort=False)
+                 .agg(n=("rel_error", "size"), median_rel_error=("rel_error", "median"),
+                      median_step_s=("step_s", "median")).reset_index())
+        return cost, float(np.median(rel)), table
+
+
+# --- the real engine's step log ------------------------------------------------------------------
+#: The columns that name one real run (a window, a policy, a repetition).
+RUN_KEYS = ["window_id", "policy", "repetition"]
+
+#: Batch shapes of a step: prompt tokens only, one-token decodes only, or both in the same step.
+SHAPES = ("prefill only", "decode only", "mixed")
+
+
+def batch_shape(prefill, decode) -> np.ndarray:
+    """Each step's batch shape (:data:`SHAPES`; "empty" when nothing was scheduled)."""
+    p, d = np.asarray(prefill) > 0, np.asarray(decode) > 0
+    return np.select([p & ~d, ~p & d, p & d], list(SHAPES), "empty")
+
+
+def run_steps(steps: pd.DataFrame) -> pd.DataFrame:
+    """The kept attempt's steps of each run, in order, with ``end_s`` (start + duration), ``busy``
+    (the engine had unfinished requests after the step, so the next step followed at once),
+    ``gap_s`` (the next step's start − this step's end, where busy) and ``shape``."""
+    if "kept" in steps:
+        steps = steps[steps["kept"].astype(bool)]
+    missing = {"start_s", "duration_s", "prefill_tokens", "decode_seqs", "context_tokens",
+               "scheduled_seqs", "running", "waiting"} - set(steps.columns)
+    if missing:
+        raise ValueError(f"step log lacks columns {sorted(missing)}")
+    steps = steps.sort_values(RUN_KEYS + ["step"]).reset_index(drop=True)
+    end = steps["start_s"] + steps["duration_s"]
+    same = (steps[RUN_KEYS].shift(-1) == steps[RUN_KEYS]).all(axis=1)
+    busy = same & (steps["running"] + steps["waiting"] > 0)
+    nxt = steps["start_s"].shift(-1)
+    return steps.assign(end_s=end, busy=busy, next_start_s=nxt.where(same),
+                        gap_s=(nxt - end).where(busy),
+                        shape=batch_shape(steps["prefill_tokens"], steps["decode_seqs"]))
 
 
 def linear_step_ps(cost, prefill: int, decodes: int, context: int) -> int:
@@ -46,13 +165,12 @@ SMALL_BATCH_TOKENS = 512
 class ShapedStepCost:
     """A richer step cost: a separate non-negative linear fit (fixed + per prefill token + per
     decoding sequence + per context token) for each batch shape (:data:`SHAPES`), each fitted to
-    the relative error (the linear :class:`~portbench.engine_v1.StepCost` fits the absolute one,
+    the relative error (the linear :class:`StepCost` fits the absolute one,
     which the few long prefill steps dominate), plus the gap.
     The ``vllm_v1`` engine takes it through its per-step hook (``step_ps``); ``picoseconds()`` and
     ``fixed_s`` are the pooled linear fit's (``pooled``), for the model's nominal bounds."""
 
     def __init__(self, coef: dict, pooled, gap_s: float):
-        from ..engine_v1 import PS
 
         missing = set(SHAPES) - set(coef)
         if missing:
@@ -166,7 +284,6 @@ class RichStepCost:
     the pooled linear fit's, for the model's nominal bounds."""
 
     def __init__(self, coef: dict, pooled, gap_s: float):
-        from ..engine_v1 import PS
 
         missing = set(SHAPES) - set(coef)
         if missing:
@@ -263,8 +380,7 @@ class ScaledStepCost:
 
 
 def fit_linear(steps: pd.DataFrame):
-    """:class:`~portbench.engine_v1.StepCost` fitted to a real step log (gap: the median busy gap)."""
-    from ..engine_v1 import StepCost
+    """:class:`StepCost` fitted to a real step log (gap: the median busy gap)."""
 
     cost, _ = StepCost.fit(steps, step="duration_s", context="context_tokens", gap="gap_s")
     return cost
@@ -281,7 +397,7 @@ def predict_step_s(cost, prefill, decode, context, scheduled=None) -> np.ndarray
 
 
 #: The step-cost models that can be cross-validated, by name: the linear
-#: :class:`~portbench.engine_v1.StepCost`, the per-shape :class:`ShapedStepCost`, the
+#: :class:`StepCost`, the per-shape :class:`ShapedStepCost`, the
 #: :class:`RichStepCost` and, for comparison, its robust fit alone (``rich_median``: aimed at the
 #: median step, its totals short).
 COST_KINDS = {"linear": fit_linear, "shaped": ShapedStepCost.fit, "rich": RichStepCost.fit,
