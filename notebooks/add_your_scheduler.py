@@ -109,12 +109,12 @@ import pandas as pd
 warnings.filterwarnings("ignore", message="IProgress not found")   # tqdm in a notebook without widgets
 from portbench import present
 from portbench.book import pair_label, source_label
-from portbench.campaign import CampaignConfig, load_results, run_campaign
+from portbench.campaign import CampaignConfig, run_campaign
+from portbench.chapter import open_chapter
 from portbench.policies import PRIMARY_PANEL
 
-Path(output_dir).mkdir(parents=True, exist_ok=True)
-study = pd.read_parquet(results_path) if results_path else load_results(engine_model)
-study = study[study["slo_multiplier"] == 20.0]
+chapter = open_chapter(engine_model, results_path, output_dir, named_regions=(region,))
+study = chapter.table[chapter.table["slo_multiplier"] == 20.0]
 out = Path(output_dir) / f"campaign_{engine_model}_{policy_name}.parquet"
 summary = run_campaign(CampaignConfig(engine_model=engine_model, policies=(policy_name,),
                                       slo_multipliers=(20.0,)), output=out, progress=False)

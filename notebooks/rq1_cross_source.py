@@ -40,26 +40,18 @@ posthoc_region = "HIGH_PRESSURE"  # region of the Nemenyi post-hoc comparison
 # at all, followed by Nemenyi's post-hoc comparison in one region.
 
 # %%
-from pathlib import Path
-
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 from myst_nb import glue
 
 from portbench import present, stats
-from portbench.book import engine_description, pair_label, resolve_panel, source_label
-from portbench.campaign import load_results
-from portbench.metrics import METRICS
-from portbench.regions import REGIONS
+from portbench.book import engine_description, pair_label, source_label
+from portbench.chapter import open_chapter
 
-if metric not in METRICS:
-    raise ValueError(f"unknown metric {metric!r}; metrics: {', '.join(METRICS)}")
-policies = resolve_panel(panel)
-Path(output_dir).mkdir(parents=True, exist_ok=True)
-table = pd.read_parquet(results_path) if results_path else load_results(engine_model)
-regions = [r for r in REGIONS if r in set(table["region"])]
-sources = sorted(set(table["source"]))
+chapter = open_chapter(engine_model, results_path, output_dir, metric=metric, panel=panel,
+                       named_regions=(posthoc_region,))
+table, policies, regions, sources = chapter.table, chapter.policies, chapter.regions, chapter.sources
 glue("rq1_engine", engine_model, display=False)
 glue("rq1_engine_description", engine_description(engine_model), display=False)
 glue("rq1_metric", present.label(metric), display=False)

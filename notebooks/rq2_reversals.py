@@ -42,8 +42,6 @@ absolute_floor = 0.01      # sensitivity: |Δ| must also exceed this in both sou
 # values of this build are in the parameters box above.
 
 # %%
-from pathlib import Path
-
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
@@ -51,18 +49,12 @@ from matplotlib.patches import Rectangle
 from myst_nb import glue
 
 from portbench import present, stats, store
-from portbench.book import pair_label, resolve_panel, source_label
-from portbench.campaign import load_results
+from portbench.book import pair_label, source_label
+from portbench.chapter import open_chapter
 from portbench.metrics import METRICS
-from portbench.regions import REGIONS
 
-if metric not in METRICS:
-    raise ValueError(f"unknown metric {metric!r}; metrics: {', '.join(METRICS)}")
-policies = resolve_panel(panel)
-Path(output_dir).mkdir(parents=True, exist_ok=True)
-table = pd.read_parquet(results_path) if results_path else load_results(engine_model)
-regions = [r for r in REGIONS if r in set(table["region"])]
-sources = sorted(set(table["source"]))
+chapter = open_chapter(engine_model, results_path, output_dir, metric=metric, panel=panel)
+table, policies, regions, sources = chapter.table, chapter.policies, chapter.regions, chapter.sources
 n_pairs = len(policies) * (len(policies) - 1) // 2
 n_source_pairs = len(sources) * (len(sources) - 1) // 2
 glue("rq2_engine", engine_model, display=False)

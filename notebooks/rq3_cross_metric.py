@@ -34,24 +34,18 @@ confidence_level = 0.95    # level of the bootstrap intervals of τ_b
 # top-1s were tied — with every request completing, completion fraction ties all policies at 1.
 
 # %%
-from pathlib import Path
-
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 from myst_nb import glue
 
 from portbench import present, stats
-from portbench.book import resolve_panel, source_label
-from portbench.campaign import load_results
+from portbench.book import source_label
+from portbench.chapter import open_chapter
 from portbench.metrics import METRICS
-from portbench.regions import REGIONS
 
-policies = resolve_panel(panel)
-Path(output_dir).mkdir(parents=True, exist_ok=True)
-table = pd.read_parquet(results_path) if results_path else load_results(engine_model)
-regions = [r for r in REGIONS if r in set(table["region"])]
-sources = sorted(set(table["source"]))
+chapter = open_chapter(engine_model, results_path, output_dir, panel=panel)
+table, policies, regions, sources = chapter.table, chapter.policies, chapter.regions, chapter.sources
 glue("rq3_engine", engine_model, display=False)
 glue("rq3_n_policies", len(policies), display=False)
 glue("rq3_n_metrics", len(METRICS), display=False)

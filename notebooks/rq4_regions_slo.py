@@ -37,26 +37,18 @@ slo_variants = [10.0, 40.0]  # SLO multipliers compared with the base (20×); th
 # one. LOW is left out of the SLO comparison, as in the study.
 
 # %%
-from pathlib import Path
-
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 from myst_nb import glue
 
 from portbench import present, stats
-from portbench.campaign import load_results
-from portbench.book import resolve_panel, source_label
+from portbench.book import source_label
+from portbench.chapter import open_chapter
 from portbench.metrics import METRICS
-from portbench.regions import REGIONS
 
-if metric not in METRICS:
-    raise ValueError(f"unknown metric {metric!r}; metrics: {', '.join(METRICS)}")
-policies = resolve_panel(panel)
-Path(output_dir).mkdir(parents=True, exist_ok=True)
-table = pd.read_parquet(results_path) if results_path else load_results(engine_model)
-regions = [r for r in REGIONS if r in set(table["region"])]
-sources = sorted(set(table["source"]))
+chapter = open_chapter(engine_model, results_path, output_dir, metric=metric, panel=panel)
+table, policies, regions, sources = chapter.table, chapter.policies, chapter.regions, chapter.sources
 glue("rq4_engine", engine_model, display=False)
 glue("rq4_metric", present.label(metric), display=False)
 glue("rq4_n_policies", len(policies), display=False)

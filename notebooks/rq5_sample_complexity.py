@@ -36,28 +36,19 @@ recovery_threshold = 0.9   # a ranking is "reliably recovered" with at least thi
 # which averages each window over all six regions before ranking.
 
 # %%
-from pathlib import Path
-
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 from myst_nb import glue
 
 from portbench import present, stats
-from portbench.campaign import load_results
-from portbench.book import resolve_panel, source_label
-from portbench.metrics import METRICS
-from portbench.regions import REGIONS
+from portbench.book import source_label
+from portbench.chapter import open_chapter
 
-if metric not in METRICS:
-    raise ValueError(f"unknown metric {metric!r}; metrics: {', '.join(METRICS)}")
 if not sizes or min(sizes) < 1:
     raise ValueError(f"sizes must be positive window counts, got {sizes}")
-policies = resolve_panel(panel)
-Path(output_dir).mkdir(parents=True, exist_ok=True)
-table = pd.read_parquet(results_path) if results_path else load_results(engine_model)
-regions = [r for r in REGIONS if r in set(table["region"])]
-sources = sorted(set(table["source"]))
+chapter = open_chapter(engine_model, results_path, output_dir, metric=metric, panel=panel)
+table, policies, regions, sources = chapter.table, chapter.policies, chapter.regions, chapter.sources
 windows_per_source = table.groupby("source")["window_id"].nunique()
 glue("rq5_engine", engine_model, display=False)
 glue("rq5_metric", present.label(metric), display=False)

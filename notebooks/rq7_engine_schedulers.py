@@ -61,27 +61,17 @@ from myst_nb import glue
 from portbench import present, stats
 from portbench.book import source_label
 from portbench.campaign import load_results, results_path as campaign_results_path
+from portbench.chapter import open_chapter
 from portbench.metrics import METRICS
 from portbench.policies import PRIMARY_PANEL, RQ7_POLICIES
-from portbench.regions import REGIONS
 
-if metric not in METRICS:
-    raise ValueError(f"unknown metric {metric!r}; metrics: {', '.join(METRICS)}")
-if prediction_region not in REGIONS:
-    raise ValueError(f"unknown region {prediction_region!r}; regions: {', '.join(REGIONS)}")
-Path(output_dir).mkdir(parents=True, exist_ok=True)
-table = pd.read_parquet(results_path) if results_path else load_results(engine_model)
-missing = sorted(set(RQ7_POLICIES) - set(table["policy"]))
-if missing:
-    raise ValueError(f"the {engine_model} results table lacks {missing}: run "
-                     f"`portbench campaign --engine-model {engine_model}` (the extended panel)")
-if "prediction_error" in table:
-    table = table[np.isclose(table["prediction_error"], 0.2)]
+chapter = open_chapter(engine_model, results_path, output_dir, metric=metric,
+                       named_regions=(prediction_region,), required_policies=RQ7_POLICIES,
+                       frozen_predictions=True)
+table, regions, sources = chapter.table, chapter.regions, chapter.sources
 EXTENDED = tuple(PRIMARY_PANEL) + tuple(RQ7_POLICIES)
 ORACLE = "srpt_oracle"
 NEW = tuple(p for p in RQ7_POLICIES if p != ORACLE)
-regions = [r for r in REGIONS if r in set(table["region"])]
-sources = sorted(set(table["source"]))
 higher_better = METRICS[metric]
 glue("rq7_engine", engine_model, display=False)
 glue("rq7_n_panel", len(EXTENDED), display=False)
@@ -428,7 +418,7 @@ present.table(wide.rename(columns=lambda e: f"{e:.0%} error").rename_axis("polic
 from IPython.display import Markdown, display
 
 from portbench import fidelity, store
-from portbench.engine_v1 import StepCost
+from portbench.engine import StepCost
 from portbench.realengine.study import case_deltas, realengine_dir
 
 REAL_NEW = ("sjf_aging", "vllm_priority")

@@ -81,13 +81,12 @@ from myst_nb import glue
 
 from portbench import robust, stats
 from portbench.book import pair_label, source_label
-from portbench.campaign import engine_model as make_engine_model, load_results
-from portbench.metrics import METRICS
+from portbench.campaign import engine_model as make_engine_model
+from portbench.chapter import open_chapter
 from portbench.open_questions import (METRIC_LABELS, SLO_KINDS, STUDY_WINDOW_SIZE, WEIGHTINGS,
                                       check_slo_kind, check_weighting, check_window_size,
                                       load_subwindow_results, per_parent)
 from portbench.policies import PRIMARY_PANEL
-from portbench.regions import REGIONS
 from portbench.workload import BASE_SLO_MULTIPLIER, DECODE_S_PER_TOKEN
 
 for size in window_sizes:
@@ -100,11 +99,8 @@ if STUDY_WINDOW_SIZE not in window_sizes:
     raise ValueError(f"window_sizes must include the study's {STUDY_WINDOW_SIZE} (the reference), got {window_sizes}")
 if "study" not in weightings:
     raise ValueError(f"weightings must include 'study' (the reference), got {weightings}")
-Path(output_dir).mkdir(parents=True, exist_ok=True)
-table = pd.read_parquet(results_path) if results_path else load_results(engine_model)
-table = table[np.isclose(table["prediction_error"], 0.2)] if "prediction_error" in table else table
-regions = [r for r in REGIONS if r in set(table["region"])]
-sources = sorted(set(table["source"]))
+chapter = open_chapter(engine_model, results_path, output_dir, frozen_predictions=True)
+table, regions, sources = chapter.table, chapter.regions, chapter.sources
 tie_rule = {"rtol": tie_rtol, "confidence_level": confidence_level}
 sizes = sorted(set(window_sizes))
 

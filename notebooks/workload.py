@@ -26,8 +26,6 @@ seed = 0                   # seed (unused here)
 output_dir = "book/figures"  # where figures are written
 
 # %%
-from pathlib import Path
-
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
@@ -35,9 +33,9 @@ from myst_nb import glue
 
 from portbench import characterise, present, store
 from portbench.book import source_label
-from portbench.campaign import load_results
+from portbench.chapter import open_chapter
 
-Path(output_dir).mkdir(parents=True, exist_ok=True)
+chapter = open_chapter(engine_model, results_path, output_dir)
 windows = store.load_windows()
 sources = sorted({w.source for w in windows})
 desc = characterise.window_descriptors(windows)
@@ -101,7 +99,7 @@ present.figure("workload_tokens", fig, output_dir, "workload_tokens.png")
 # violation knee), beside the study's own:
 
 # %%
-table = pd.read_parquet(results_path) if results_path else load_results(engine_model)
+table = chapter.table
 manifest = store.list_windows().set_index("window_id")
 lam = table.groupby("window_id", sort=True).agg(source=("source", "first"), lambda_ref=("lambda_ref", "first"))
 lam["paper_lambda_ref"] = manifest.loc[lam.index, "paper_lambda_ref"]

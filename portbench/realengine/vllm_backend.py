@@ -23,35 +23,9 @@ builds the engine, and builds may spawn helpers: call :func:`replay` from a scri
 ``if __name__ == "__main__":``, or use :func:`replay_isolated`, which runs a list of replays in a
 fresh spawned process and returns their results.
 
-Policies (engine-level settings in :data:`POLICIES`; priorities are vLLM's ``priority`` scheduling,
-lower = earlier, static per request, ties by arrival then id):
-
-========================== =================================================================
-``fifo``                   vLLM FCFS (``scheduling_policy="fcfs"``), chunked prefill
-``vllm_faithful``          vLLM FCFS, 2,560-token budget, **chunked prefill off**, 256 seqs.
-                           vLLM v1 then requires ``max_model_len <= max_num_batched_tokens``, so
-                           ``max_model_len = 2560`` and a request with prompt + output > 2560 is
-                           **rejected** (never submitted, counted as not completed, listed in
-                           ``info["rejected"]``) — where the study's v0.1.0 model instead let such a
-                           prompt block the queue head forever. (See :data:`REFUSAL_RULE`.)
-``edf``                    priority = deadline (µs)
-``estimated_service_time_first`` priority = 2·est = prompt + 2·predicted output (same order as est)
-``least_laxity_first``     priority = (deadline − est) in µs, the study's unit quirk kept (est in
-                           1 ms steps subtracted from seconds); ``now`` is common to all, so the
-                           static order equals the dynamic one
-``slai_faithful``          :class:`~portbench.realengine.vllm_slai_scheduler.SlaiScheduler`
-                           (``scheduler_cls``), priority scheduling, 512-token budget, chunked
-                           prefill, 128 seqs
-``vllm_priority``          vLLM's own priority scheduling, priority = deadline (µs): the same
-                           engine settings as ``edf``. The simulator's ``vllm_priority`` also lets
-                           a waiting request evict lower priorities (vLLM v0's rule); vLLM v1 has
-                           no such preemption, so here it only evicts on KV exhaustion, the lowest
-                           priority first
-``sjf_aging``              :class:`~portbench.realengine.vllm_sjf_scheduler.SjfAgingScheduler`
-                           (``scheduler_cls``), FCFS queue re-sorted by the simulator policy's
-                           score (predicted output length + wait-time aging) before every step;
-                           the predicted lengths reach it through ``PolicySpec.request_fields``
-========================== =================================================================
+Policies: each policy's engine settings and request priorities (:data:`POLICIES`), the refusal rule
+(:data:`REFUSAL_RULE`) and the RQ6 case's configurations are in
+:mod:`~portbench.realengine.vllm_settings`, and importable from here too.
 
 A policy with a ``scheduler_cls`` may name ``request_fields``: :class:`~portbench.workload.Window`
 arrays its scheduler needs per request. Before submitting anything, :func:`replay` calls the
@@ -81,152 +55,14 @@ from pathlib import Path
 import numpy as np
 
 from . import (PROBE_REPEATS, PROBE_WARMUP, ModelShape, environment, probe_window, random_prompt,
-               refuse_oracles, steady_probe, to_run_result)
+               steady_probe, to_run_result)
 from ..metrics import run_span_s
-from ..policies._common import estimate
 from ..workload import Window
+from .vllm_settings import (EQUAL_ADMISSION, POLICIES, REFUSAL_RULE, STUDY_ENGINE,  # noqa: F401
+                            STUDY_KV_CACHE_GIB, STUDY_LAMBDA_POLICY, EngineConfig, PolicySpec,
+                            engine_config, policy_spec, priorities)
 
 ENGINE = "vllm"
-
-#: Which requests a replay refuses, and why (vLLM 0.32.0's source, ``site-packages/vllm/``):
-#:
-#: - ``config/scheduler.py`` lines 314–326 (``SchedulerConfig.verify_max_model_len``): with chunked
-#:   prefill off, ``max_num_batched_tokens < max_model_len`` is a configuration error, so
-#:   ``vllm_faithful`` (2,560-token budget, no chunking) runs with ``max_model_len = 2560``;
-#: - ``v1/engine/input_processor.py`` lines 557–602 (``_validate_prompt_len``, called at line 619):
-#:   a prompt longer than ``max_model_len`` is refused (``VLLMValidationError``), and so is one of
-#:   exactly ``max_model_len`` tokens (no room for one output token);
-#: - ``v1/core/sched/utils.py`` lines 98–119 (``check_stop``, called from ``scheduler.py`` line
-#:   2506): a request stops ``FINISHED_LENGTH_CAPPED`` once ``num_tokens >= max_model_len``, i.e. a
-#:   request with prompt + output > ``max_model_len`` would be served a *shortened* output.
-#:
-#: A replay must produce exactly the trace's output lengths, so :func:`replay` refuses up front every
-#: request with ``prompt + output > max_model_len`` (the first case included): never submitted,
-#: counted as not completed, listed in ``info["rejected"]``. The simulated counterpart of the
-#: sim-vs-real comparison applies the same rule (:func:`portbench.fidelity.real_refused`).
-REFUSAL_RULE = "prompt + output > max_model_len"
-
-
-
-@dataclasses.dataclass(frozen=True)
-class PolicySpec:
-    """Engine-level settings of a policy on vLLM, and how a request's priority is computed."""
-
-    scheduling_policy: str                     # "fcfs" or "priority"
-    max_num_batched_tokens: int = 2048
-    max_num_seqs: int = 256
-    enable_chunked_prefill: bool = True
-    scheduler_cls: str | None = None
-    priority: str | None = None                # key into _PRIORITY, None = 0 for all
-    request_fields: tuple[str, ...] = ()       # Window arrays handed to scheduler_cls per request
-    description: str = ""
-
-
-def _prio_deadline(w: Window) -> np.ndarray:
-    return np.rint(w.deadline_s * 1e6)
-
-
-def _est(w: Window) -> np.ndarray:
-    return estimate(w.input_tokens.astype(np.float64), w.predicted_output_tokens)
-
-
-def _prio_est(w: Window) -> np.ndarray:
-    return np.rint(2 * _est(w))
-
-
-def _prio_laxity(w: Window) -> np.ndarray:
-    return np.rint((w.deadline_s - _est(w)) * 1e6)
-
-
-_PRIORITY = {"deadline": _prio_deadline, "est": _prio_est, "laxity": _prio_laxity}
-
-POLICIES: dict[str, PolicySpec] = {
-    "fifo": PolicySpec("fcfs", description="vLLM FCFS, chunked prefill"),
-    "vllm_faithful": PolicySpec("fcfs", max_num_batched_tokens=2560, max_num_seqs=256,
-                                enable_chunked_prefill=False,
-                                description="vLLM FCFS, 2560-token budget, whole-prompt admission "
-                                            "(chunked prefill off; longer requests rejected)"),
-    "edf": PolicySpec("priority", priority="deadline", description="priority = SLO deadline"),
-    "estimated_service_time_first": PolicySpec(
-        "priority", priority="est", description="priority = 0.5*prompt + predicted output"),
-    "least_laxity_first": PolicySpec(
-        "priority", priority="laxity", description="priority = deadline - (0.5*prompt + predicted "
-                                                   "output), the study's unit quirk"),
-    "slai_faithful": PolicySpec("priority", max_num_batched_tokens=512, max_num_seqs=128,
-                                scheduler_cls="portbench.realengine.vllm_slai_scheduler.SlaiScheduler",
-                                description="SLAI scheduler subclass: critical decodes first, "
-                                            "shortest-prompt-first admission, decode holds"),
-    "vllm_priority": PolicySpec("priority", priority="deadline",
-                                description="vLLM v1 priority scheduling, priority = SLO deadline "
-                                            "(the same mapping as edf); no waiting-triggered "
-                                            "preemption (vLLM v1 has none)"),
-    "sjf_aging": PolicySpec("fcfs", scheduler_cls="portbench.realengine.vllm_sjf_scheduler.SjfAgingScheduler",
-                            request_fields=("predicted_output_tokens",),
-                            description="SJF-with-aging scheduler subclass: the waiting queue "
-                                        "re-sorted every step by the simulator's sjf_aging score "
-                                        "(predicted output length + real-clock wait)"),
-}
-
-
-#: The same admission limit for both policies of the RQ6 case (``rq6_vllm_cpu.py --config equal``):
-#: ``max_model_len`` 2,560 for every policy. ``vllm_faithful`` is defined by a 2,560-token budget with
-#: whole-prompt admission (chunked prefill off), and vLLM v1 then allows at most ``max_model_len =
-#: 2560`` (:data:`REFUSAL_RULE`); raising its budget or turning chunking on would change the policy
-#: under test, so ``slai_faithful`` (512-token budget, chunked) is the one brought down to 2,560.
-#: Both policies then refuse the same requests (prompt + output > 2,560), and a difference between
-#: them is scheduling on the same accepted requests.
-EQUAL_ADMISSION = {"max_model_len": 2560}
-
-#: The study's real-system configuration, as far as it carries to a tiny model on a CPU
-#: (``rq6_vllm_cpu.py --config study``). From the study's repository
-#: (SoroushVahidi/llm-serving-scheduler-robustness-benchmark):
-#:
-#: - ``configs/real_vllm/rq6_validation_manifest_v1_20260903.json`` (``scheduler_mapping``): both
-#:   policies run with ``--no-enable-chunked-prefill --no-enable-prefix-caching``, "engine flags held
-#:   identical ... so the comparison isolates the policy"; ``vllm_faithful`` = FCFS with no scheduler
-#:   class, ``slai_faithful`` = ``--scheduling-policy priority`` + the SLAI ``--scheduler-cls``;
-#:   ``vllm==0.27.1``, ``Qwen/Qwen2.5-0.5B-Instruct``, one NVIDIA A100-SXM4-80GB per run.
-#: - ``scripts/real_vllm/run_rq6_validation.sbatch`` and ``run_rq6_validation.py``:
-#:   ``--max-model-len 32768`` and ``--gpu-memory-utilization 0.65`` for both policies;
-#:   ``--max-num-batched-tokens`` and ``--max-num-seqs`` are not passed (vLLM's defaults).
-#: - vLLM's defaults for those (read in vLLM 0.32.0's ``engine/arg_utils.py``,
-#:   ``get_batch_defaults`` and ``_set_default_max_num_seqs_and_batched_tokens_args``; 0.27.1 not
-#:   checked): ``vllm serve`` on an A100 gets 2,048 tokens and 256 sequences, and without chunked
-#:   prefill the budget is raised to ``max(max_model_len, 2048)`` = 32,768. So both policies ran with
-#:   a 32,768-token budget, 256 sequences and the same 32,768 admission limit (no trace request of
-#:   the case exceeds it: nothing refused). KV: 0.65 of 80 GB less a 0.5B model's weights holds
-#:   millions of tokens, never a limit here; ``kv_cache_gib`` 1.5 holds ~786k tokens of the tiny
-#:   model (:data:`STUDY_KV_CACHE_GIB`).
-#: - ``src/robustbench/real_llm/slai_plugin/slai_vllm_scheduler.py``: the SLAI plugin's budget is
-#:   the engine's ``max_num_scheduled_tokens`` (32,768 there, not the simulator's 512), decode limit
-#:   128; its clock is the step index × 1 ms (here: the real clock, see
-#:   :mod:`~portbench.realengine.vllm_slai_scheduler`; not carried over).
-#: - ``src/robustbench/real_llm/rq6_calibration.py`` (``replay_window_once``): requests go out from a
-#:   pool of 32 client threads, each blocking on a non-streaming HTTP call, so at most 32 are in
-#:   flight and a due request waits for a free worker (its deadline still counts from its trace
-#:   arrival): ``max_in_flight`` 32 here. A request the server refuses counts as not completed. The
-#:   λ_ref search replays ``vllm_faithful`` (``REFERENCE_POLICY``), not FIFO.
-STUDY_ENGINE = {"max_model_len": 32768, "max_num_batched_tokens": 32768, "max_num_seqs": 256,
-                "enable_chunked_prefill": False, "max_in_flight": 32}
-STUDY_KV_CACHE_GIB = 1.5
-STUDY_LAMBDA_POLICY = "vllm_faithful"
-
-
-def policy_spec(policy: str) -> PolicySpec:
-    refuse_oracles(policy)
-    try:
-        return POLICIES[policy]
-    except KeyError:
-        raise KeyError(f"policy {policy!r} is not supported on vLLM; supported: "
-                       f"{', '.join(POLICIES)}") from None
-
-
-def priorities(window: Window, policy: str) -> list[int]:
-    """vLLM priority of each request under ``policy`` (lower is served earlier)."""
-    spec = policy_spec(policy)
-    if spec.priority is None:
-        return [0] * len(window)
-    return [int(p) for p in _PRIORITY[spec.priority](window)]
 
 
 # --------------------------------------------------------------------------------------------
@@ -256,50 +92,6 @@ def write_model_dir(shape: ModelShape, directory: str | Path | None = None) -> P
     if not path.exists() or path.read_text() != text:
         path.write_text(text)
     return directory
-
-
-@dataclasses.dataclass(frozen=True)
-class EngineConfig:
-    shape: ModelShape
-    scheduling_policy: str
-    max_num_batched_tokens: int
-    max_num_seqs: int
-    enable_chunked_prefill: bool
-    max_model_len: int
-    scheduler_cls: str | None
-    kv_cache_gib: float
-    seed: int
-    enforce_eager: bool
-
-
-def engine_config(policy: str, *, shape: ModelShape = ModelShape(), max_num_batched_tokens=None,
-                  max_num_seqs=None, kv_cache_gib: float = 1.0, seed: int = 0,
-                  enforce_eager: bool = True, max_model_len: int | None = None,
-                  enable_chunked_prefill: bool | None = None) -> EngineConfig:
-    """The engine ``policy`` runs on. ``max_num_batched_tokens``, ``max_num_seqs`` and
-    ``enable_chunked_prefill`` default to the policy's (:data:`POLICIES`); ``max_model_len`` defaults
-    to the model's context (32,768) with chunked prefill and to the token budget without it (vLLM v1
-    requires ``max_model_len <= max_num_batched_tokens`` then). An explicit ``max_model_len`` (the
-    same admission limit for every policy of a case) must respect that rule: a ``ValueError`` says
-    so here rather than from inside vLLM."""
-    spec = policy_spec(policy)
-    budget = int(max_num_batched_tokens or spec.max_num_batched_tokens)
-    chunked = spec.enable_chunked_prefill if enable_chunked_prefill is None else bool(enable_chunked_prefill)
-    if max_model_len is None:
-        max_len = shape.max_position_embeddings if chunked else min(budget, shape.max_position_embeddings)
-    else:
-        max_len = int(max_model_len)
-        if max_len > shape.max_position_embeddings:
-            raise ValueError(f"max_model_len {max_len} > the model's context "
-                             f"({shape.max_position_embeddings})")
-        if not chunked and max_len > budget:
-            raise ValueError(f"{policy}: max_model_len {max_len} > max_num_batched_tokens {budget} "
-                             "without chunked prefill (vLLM v1 refuses this configuration): raise the "
-                             "budget or enable chunked prefill")
-    return EngineConfig(shape, spec.scheduling_policy, budget,
-                        int(max_num_seqs or spec.max_num_seqs), chunked,
-                        max_len, spec.scheduler_cls, float(kv_cache_gib), int(seed),
-                        bool(enforce_eager))
 
 
 def get_engine(cfg: EngineConfig):

@@ -1,0 +1,65 @@
+"""Statistics of the portability study: rankings, their agreement and their reversals.
+
+Plain functions over the campaign's tidy table (one row per (source, window_id, region, policy,
+slo_multiplier) cell, one column per metric; see :data:`portbench.campaign.RESULT_COLUMNS`) or over
+numpy arrays, returning small frozen result objects or tidy frames. One module per subject, every
+name importable from here (``from portbench import stats; stats.reversals(...)``):
+
+- :mod:`~portbench.stats.rank` — pairwise signs, Kendall τ_b, the top-1 policy;
+- :mod:`~portbench.stats.bootstrap` — the window bootstrap, percentile and BCa intervals,
+  Benjamini–Hochberg;
+- :mod:`~portbench.stats.table` — the campaign table as the statistics read it, condition means;
+- :mod:`~portbench.stats.compare` — two rankings compared by τ_b: across sources, SLO definitions,
+  window groups in time, metrics;
+- :mod:`~portbench.stats.concordance` — Kendall's W across sources, Friedman with post-hoc tests;
+- :mod:`~portbench.stats.reversal` — pairwise reversals between sources and their classes;
+- :mod:`~portbench.stats.recovery` — how many windows recover the all-window ranking.
+
+Conventions shared by all:
+
+- The unit is the window. Rows that repeat a (window, policy) cell are averaged over their defined
+  values first. A condition value is the mean over the windows where the metric is defined; NaN
+  (undefined) is never imputed, and a policy with no defined window leaves that condition's ranking.
+- Policies are always handled in alphabetical order; a pair (a, b) has a < b and Δ = a − b. Top-1
+  ties are broken by the alphabetically first policy id (the original's rule) and reported.
+- Randomness comes only from the ``seed`` argument (an int or a ``numpy.random.Generator``). Each
+  condition or family is seeded afresh from it, so a condition's numbers do not depend on which
+  other conditions were computed in the same call.
+- Bootstraps are vectorised: a resample is a row of window counts, so all resampled means are one
+  matrix product ``counts @ values`` and Kendall τ_b for all resamples comes from pairwise sign
+  comparisons in numpy.
+- Two means closer than ``TIE_RTOL`` (relative) count as tied in the table-based functions: the
+  same values summed in a different order (by the BLAS kernel, say) must not break a real tie.
+  :func:`kendall_tau_b` itself is exact by default, like scipy.
+- ``slo_multiplier`` selects rows of one SLO definition (default: the base 20×); ``None`` means no
+  filter and is refused when the table holds several multipliers.
+
+The underscored helpers re-exported below are the building blocks other analyses of the package
+(:mod:`portbench.robust`) and the tests use.
+"""
+
+from __future__ import annotations
+
+from .bootstrap import (_NAN_CI, ConfidenceInterval, _column_quantiles, _count_matrix,
+                        _jackknife_weights, _percentile_interval, _point_means, _rng,
+                        _weighted_means, bca_interval, benjamini_hochberg)
+from .compare import (CrossMetricResult, TauComparison, _compare, chronological_groups,
+                      cross_metric, cross_metric_summary, cross_source_table, cross_source_tau,
+                      slo_sensitivity, temporal_split)
+from .concordance import (FriedmanResult, KendallW, _tie_term, _w_from_ranks, friedman, kendalls_w,
+                          leave_one_source_out, source_concordance)
+from .rank import TIE_RTOL, _pair_index, _signs, _tau_from_signs, _tau_rows, _top1, kendall_tau_b
+from .recovery import sample_complexity
+from .reversal import REVERSAL_CLASSES, reversal_analysis, reversal_counts, reversals
+from .table import (BASE_SLO, ConditionMeans, _policies, _regions, _select, _sources,
+                    _window_matrix, condition_means)
+
+__all__ = [
+    "BASE_SLO", "TIE_RTOL", "REVERSAL_CLASSES",
+    "ConfidenceInterval", "ConditionMeans", "TauComparison", "KendallW", "CrossMetricResult",
+    "FriedmanResult",
+    "benjamini_hochberg", "kendall_tau_b", "bca_interval", "condition_means", "cross_source_tau",
+    "cross_source_table", "kendalls_w", "source_concordance", "leave_one_source_out", "reversals",
+    "reversal_analysis", "reversal_counts", "cross_metric_summary", "cross_metric",
+    "slo_sensitivity", "sample_complexity", "chronological_groups", "temporal_split", "friedman",
+]
