@@ -21,9 +21,12 @@ VLLM_STAMP := $(VLLM_VENV)/.portbench-installed
 VLLM_KNOWN_CONFLICT := /^mistral-common [0-9.]+ requires numpy<2\.4,>=1\.25; python_version <= "3\.12", but you have numpy 2\.4\.6 which is incompatible\.$$/
 PIP_CONFLICT_FILTER := awk '/^ERROR: pip.s dependency resolver does not currently take into account/ {head = $$0; next} $(VLLM_KNOWN_CONFLICT) {next} {if (head != "") print head; head = ""; print}'
 
-.PHONY: test book setup campaign clean-venv browser rq6-vllm
+.PHONY: test book setup setup-vllm campaign clean-venv browser rq6-vllm
 
 setup: $(STAMP)
+
+# vLLM's environment alone (the real-engine replays and the vllm_native engine model run in it)
+setup-vllm: $(VLLM_STAMP)
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -43,13 +46,16 @@ $(VLLM_STAMP): pyproject.toml
 
 # Everything in .venv, on every core (pytest-xdist), a test module's tests in one worker so that its
 # module-scoped fixtures (a built book, a set of replays) are built once (xdist 3.8's loadgroup does not
-# group under pytest 9); then the vLLM replay tests in .venv-vllm (they skip in .venv).
+# group under pytest 9); then the vLLM replay tests in .venv-vllm (they skip in .venv), and apart from
+# them the vllm_native engine model's tests: those load numba (through vllm_v1), and a process that
+# has loaded it cannot build a vLLM engine afterwards.
 # The two environments and Chromium are installed side by side (the two pip runs overlap their downloads,
 # unpacking and byte-compiling on the two cores), then the tests run.
 test:
 	@$(MAKE) --no-print-directory -j3 $(STAMP) $(VLLM_STAMP) browser
 	$(BIN)/python -m pytest -q -n auto --dist loadscope
 	$(VLLM_VENV)/bin/python -m pytest -q tests/test_realengine_vllm.py tests/test_realengine_vllm_rq7.py
+	$(VLLM_VENV)/bin/python -m pytest -q tests/test_vllm_native.py
 
 # Headless Chromium reads the built book in tests/test_book_browser.py (driven over the DevTools
 # protocol with websocket-client, a dev extra). It is a system package: installed with apt-get when it

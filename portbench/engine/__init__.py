@@ -49,6 +49,7 @@ class _Registry(Mapping):
 ENGINE_MODELS = _Registry({
     "lssp": ".lssp:LsspModel",
     "vllm_v1": ".vllm_v1:VllmV1Model",
+    "vllm_native": ".vllm_native:VllmNativeModel",
 })
 
 

