@@ -57,9 +57,11 @@ elif mode == "cells":
 
 def instructions(tree: Path, mode: str, engine: str, policies: list[str], script: Path,
                  out: Path) -> subprocess.Popen:
+    from portbench import results
+
     env = dict(os.environ, PYTHONPATH=str(tree))
     cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, str(script),
-           mode, engine, str(ROOT / "data" / "results" / f"lambda_ref_{engine}.csv"), *policies]
+           mode, engine, str(results.lambda_ref_path(engine, ROOT / "data")), *policies]
     return subprocess.Popen(cmd, env=env, cwd=tree, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True)
 

@@ -12,10 +12,8 @@ helper filtered the queue by the study's whole-prompt rule before vLLM's head-of
 import argparse
 
 import numpy as np
-import pandas as pd
 
-from portbench import store
-from portbench.campaign import results_dir
+from portbench import results, store
 from portbench.engine import engine_model
 from portbench.policies import make_policy
 from portbench.regions import REGIONS, region_factor
@@ -36,7 +34,11 @@ def main():
     ap.add_argument("--engine-model", default="vllm_v1")
     args = ap.parse_args()
     model = engine_model(args.engine_model)
-    lam = pd.read_csv(results_dir() / f"lambda_ref_{args.engine_model}.csv").set_index("window_id")["lambda_ref"]
+    table = results.read_lambda_table(args.engine_model)
+    if table is None:
+        raise SystemExit(f"no {results.lambda_ref_path(args.engine_model).name}: run `portbench campaign "
+                         f"--engine-model {args.engine_model}` first")
+    lam = table.set_index("window_id")["lambda_ref"]
     differ = 0
     for window in store.load_windows():
         w = with_slo(window, 20.0)

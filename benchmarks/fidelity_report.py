@@ -26,8 +26,7 @@ import time
 
 import pandas as pd
 
-from portbench import fidelity, store
-from portbench.realengine.study import realengine_dir
+from portbench import fidelity, results, store
 
 
 def main():
@@ -40,7 +39,6 @@ def main():
     args = ap.parse_args()
     pd.set_option("display.width", 200)
     t0 = time.perf_counter()
-    d = realengine_dir()
     case = fidelity.load_case(args.tag)
     args.tag = case["tag"]
     runs, requests, steps, windows = case["runs"], case["requests"], case["steps"], case["windows"]
@@ -99,10 +97,9 @@ def main():
     print("conclusions by the rule that keeps runs:")
     print(fidelity.conclusions_by_rule(anwg, errors, speed).round(3).to_string())
 
-    rq7_runs = d / f"{args.rq7_tag}_case_runs.parquet"
-    if rq7_runs.exists():
-        r7 = pd.read_parquet(rq7_runs)
-        r7_req = pd.read_parquet(d / f"{args.rq7_tag}_case_requests.parquet")
+    rq7 = results.case_of(args.rq7_tag)
+    if rq7.has("runs"):
+        r7, r7_req = rq7.runs, rq7.requests
         r7_win = {w.window_id: w for w in store.load_windows(window_ids=sorted(set(r7["window_id"])))}
         _, per_run, summary = fidelity.sim_vs_real(r7, r7_req, r7_win, profile_cost)
         print(f"\nRQ7 runs ({args.rq7_tag}, {summary['n_runs']} runs, profile cost): mean |ΔANWG| "

@@ -7,9 +7,9 @@ For every (window, policy) of the case ``<tag>_case``: the window at the case's 
 λ_ref × the region's factor), the ``vllm_v1`` engine model with the step cost cross-validated by
 window on the case's own steps (a cost per policy), and the configuration's limits and client cap
 (:data:`portbench.realconfig.STUDY_CONFIG`: 32,768-token budget and ``max_model_len``, 256
-sequences, at most 32 requests in flight). Writes ``<tag>_case_sim_config.parquet`` beside the
-case (one row per window and policy: the load, the cap's fixed-point iterations, refusals and every
-metric) and prints the predicted and real ``slai_faithful`` − ``vllm_faithful`` ANWG per source.
+sequences, at most 32 requests in flight). Writes the case's ``sim_config`` beside it
+(:class:`portbench.results.Case`; one row per window and policy: the load, the cap's fixed-point
+iterations, refusals and every metric) and prints the predicted and real ``slai_faithful`` − ``vllm_faithful`` ANWG per source.
 """
 
 import argparse
@@ -17,8 +17,8 @@ import time
 
 import pandas as pd
 
-from portbench import fidelity, realconfig, store
-from portbench.realengine.study import case_deltas, realengine_dir
+from portbench import fidelity, realconfig, results
+from portbench.realengine.study import case_deltas
 
 CONFIGS = {"study": realconfig.STUDY_CONFIG}
 
@@ -36,8 +36,9 @@ def main():
     pred = pred.assign(config=args.config, budget=config["budget"], seqs=config["seqs"],
                        max_model_len=config["max_model_len"], max_in_flight=config["max_in_flight"],
                        cost=f"rich, per policy, cross-validated over {args.folds} folds of windows")
-    path = realengine_dir() / f"{fidelity.case_tag(args.tag)}_case_sim_config.parquet"
-    store.atomic_write(path, lambda p: pred.to_parquet(p, index=False))
+    stored = results.case_of(args.tag)
+    stored.write(sim_config=pred)
+    path = stored.path("sim_config")
     both = pd.concat([case_deltas(pred, "simulator, same configuration"),
                       case_deltas(case["runs"], "real engine")], ignore_index=True)
     print(both.to_string(index=False))

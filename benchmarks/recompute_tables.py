@@ -26,8 +26,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from portbench import store
-from portbench.campaign import CampaignConfig, results_path, run_campaign
+from portbench import results, store
+from portbench.campaign import CampaignConfig, run_campaign
 from portbench.commands import RQ7_PREDICTION_ERRORS
 from portbench.policies import EXTENDED_PANEL
 from portbench.workload import PREDICTION_RELATIVE_ERROR
@@ -107,13 +107,13 @@ def main() -> int:
         for config in configs(args.engines):
             t0 = time.perf_counter()
             run_campaign(config, data_dir=data, workers=args.workers, progress=False)
-            new_path = results_path(config.engine_model, data, config.prediction_error)
-            old_path = results_path(config.engine_model, None, config.prediction_error)
+            new_path = results.campaign_path(config.engine_model, data, config.prediction_error)
+            old_path = results.campaign_path(config.engine_model, None, config.prediction_error)
             new_table, old_table = pd.read_parquet(new_path), pd.read_parquet(old_path)
             n, per_column, moved, added = compare(new_table, old_table)
             reports.append(moved_report(new_path.stem, new_table, old_table))
-            lam_new = new_path.parent / new_path.name.replace("campaign_", "lambda_ref_").replace(".parquet", ".csv")
-            lam_old = old_path.parent / lam_new.name
+            lam_new = results.lambda_ref_path(config.engine_model, data, config.prediction_error)
+            lam_old = results.lambda_ref_path(config.engine_model, None, config.prediction_error)
             lam_same = lam_new.read_bytes() == lam_old.read_bytes()
             err = "" if config.prediction_error == PREDICTION_RELATIVE_ERROR else f" prederr {config.prediction_error:g}"
             print(f"{config.engine_model}{err}: {n} cells in {time.perf_counter() - t0:.1f} s; "
@@ -130,7 +130,7 @@ def main() -> int:
                 anchor_moved = True
             if args.keep:
                 args.keep.mkdir(parents=True, exist_ok=True)
-                for f in (new_path, lam_new, new_path.with_suffix(".json")):
+                for f in (new_path, lam_new, results.stamp_path(new_path)):
                     shutil.copy2(f, args.keep / f.name)
     if args.report:
         pd.concat(reports).to_csv(args.report, index=False, float_format="%.6g")

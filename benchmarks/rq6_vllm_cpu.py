@@ -27,7 +27,8 @@ step profile and speed ratio (``--profile-from``) and skip the refit. ``--window
    λ_ref search comes from its decode steps (``--speed-ratio`` overrides it).
 3. **Case**: :func:`portbench.realengine.study.run_case` — ≥ 8 windows per source, both policies,
    two repetitions, a host probe before and after every run with re-runs when the host drifted,
-   every engine step logged; results in ``data/results/realengine/<tag>_case_*``.
+   every engine step logged; results in ``data/results/realengine/<tag>_case_*``
+   (:func:`portbench.results.setup_case`).
 4. **Refit**: :meth:`portbench.engine.StepCost.fit` on the clean profile rows (gap = median
    observed gap); the coefficients and overall error go to ``<tag>_cost.json``, the error by
    prefill/decode range to ``<tag>_fit_by_range.parquet``. It comes last because
@@ -40,16 +41,14 @@ skips the runs (and λ_ref searches) it already has. ``--fresh`` starts over.
 
 import argparse
 import dataclasses
-import json
 import time
 
 import numpy as np
-import pandas as pd
 
-from portbench import store
+from portbench import results, store
 from portbench.realengine import ModelShape
 from portbench.realengine import vllm_backend as backend
-from portbench.realengine.study import (CASE_POLICIES, CASE_SOURCES, realengine_dir, reusable_lambda_refs, run_case,
+from portbench.realengine.study import (CASE_POLICIES, CASE_SOURCES, CaseConfig, reusable_lambda_refs, run_case,
                                       scheduler_time)
 
 #: A tiny random Llama: a window replays in seconds on two CPU cores.
@@ -84,14 +83,12 @@ CONFIGS = {
 DEFAULT_RUN_S, PROBE_S, PREFILL_TOKENS_PER_S, STEP_S = 21.9, 0.25, 50_000.0, 0.05
 
 
-def progress_on_disk(out, tag: str, fresh: bool) -> tuple[int, int]:
-    """(runs done, real-engine λ_ref searches done) of case ``tag`` (0, 0 when starting fresh)."""
-    runs_path, meta_path = out / f"{tag}_case_runs.parquet", out / f"{tag}_case.json"
+def progress_on_disk(case: results.Case, fresh: bool) -> tuple[int, int]:
+    """(runs done, real-engine λ_ref searches done) of ``case`` (0, 0 when starting fresh)."""
     if fresh:
         return 0, 0
-    done = len(pd.read_parquet(runs_path)) if runs_path.exists() else 0
-    cal_done = len(json.loads(meta_path.read_text()).get("lambda_ref_real", {})) if meta_path.exists() else 0
-    return done, cal_done
+    done = len(case.runs) if case.runs is not None else 0
+    return done, len(case.provenance.get("lambda_ref_real", {}))
 
 
 def case_windows(args) -> list[str]:
@@ -100,32 +97,35 @@ def case_windows(args) -> list[str]:
             for wid in store.list_windows(args.data_dir, s)["window_id"][:args.windows_per_source]]
 
 
-def shared_lambda_refs(args, out) -> dict:
+def shared_lambda_refs(args) -> dict:
     """The real-engine λ_ref entries of case ``--lambda-refs-from`` for this case's windows (``{}``
     when none is named, it is not on disk, or it searched with another backend, bracket, bisection
     or λ policy). Its engine settings may differ from this case's: ``--config equal`` reuses the
     committed case's λ_ref on purpose, so that only the admission limit changes."""
     if args.lambda_refs_from in (None, "", "none"):
         return {}
-    return reusable_lambda_refs(out / f"{args.lambda_refs_from}.json", case_windows(args), backend="vllm",
-                                bracket_factor=args.bracket_factor, bisection_steps=args.bisection_steps,
-                                lambda_policy=args.lambda_policy)
+    return reusable_lambda_refs(results.Case(args.lambda_refs_from, args.data_dir), case_windows(args),
+                                backend="vllm", bracket_factor=args.bracket_factor,
+                                bisection_steps=args.bisection_steps, lambda_policy=args.lambda_policy)
 
 
-def plan(args, out, tag, grid, shared: dict | None = None):
+def plan(args, case: results.Case, grid, shared: dict | None = None):
     """Runs to do and an estimated duration (s), from earlier runs on disk where there are any;
     ``shared``: λ_ref entries reused from another case (:func:`shared_lambda_refs`)."""
     shared = shared or {}
     n_windows = len(CASE_SOURCES) * args.windows_per_source
     n_runs = n_windows * len(CASE_POLICIES) * args.repetitions
-    done, cal_done = progress_on_disk(out, tag, args.fresh)
+    done, cal_done = progress_on_disk(case, args.fresh)
     walls, walls_from = [], "default"
-    for path in (out / f"{tag}_case_attempts.parquet", out / "vllm_cpu_guarded_case_attempts.parquet",
-                 out / "vllm_cpu_case_runs.parquet"):
-        if path.exists() and not (args.fresh and path.name.startswith(f"{tag}_")):
-            walls = pd.read_parquet(path)["wall_s"].dropna().tolist()
+    for earlier, part in ((case, "attempts"), (results.Case("vllm_cpu_guarded_case", args.data_dir), "attempts"),
+                          (results.Case("vllm_cpu_case", args.data_dir), "runs")):
+        if args.fresh and earlier.path(part).name.startswith(f"{args.tag}_"):
+            continue
+        table = getattr(earlier, part)
+        if table is not None:
+            walls = table["wall_s"].dropna().tolist()
             if walls:
-                walls_from = path.name
+                walls_from = earlier.path(part).name
                 break
     run_s = float(np.mean(walls)) if walls else DEFAULT_RUN_S
     todo = max(0, n_runs - done)
@@ -137,7 +137,7 @@ def plan(args, out, tag, grid, shared: dict | None = None):
     calib_runs = searches * (1.5 * args.bracket_factor + 1 + 1.5 * args.bisection_steps)
     probes = 2 * todo * retry + 3 * 3 * len(CASE_POLICIES) if todo else 0   # + up to 3 reference rounds
     profile_s = 0.0
-    if not args.profile_from and (args.fresh or not (out / f"{tag}_step_profile.parquet").exists()):
+    if not args.profile_from and (args.fresh or not case.has("profile")):
         g = grid
         prefill_tokens = sum(d * c for d in g["decode_seqs"] for c in g["context_tokens"])
         timed = len(g["prefill_tokens"]) * len(g["decode_seqs"]) * len(g["context_tokens"]) * g["repeats"]
@@ -180,11 +180,10 @@ def done_line(runs, expected: int, seconds: float) -> str:
             + ("" if len(runs) >= expected else " — restart the same command to resume"))
 
 
-def load_profile(out, tag: str):
-    """``(profile, tuning)`` of tag ``tag`` on disk, or ``(None, None)``."""
-    profile_path, tuning_path = out / f"{tag}_step_profile.parquet", out / f"{tag}_tuning.json"
-    if profile_path.exists() and tuning_path.exists():
-        return pd.read_parquet(profile_path), json.loads(tuning_path.read_text())
+def load_profile(case: results.Case):
+    """``(profile, tuning)`` of ``case``'s set-up on disk, or ``(None, None)``."""
+    if case.has("profile", "tuning"):
+        return case.profile, case.tuning
     return None, None
 
 
@@ -212,13 +211,13 @@ def main():
     if args.profile_from in ("none", args.tag):
         args.profile_from = None
 
-    out = realengine_dir(args.data_dir)
-    out.mkdir(parents=True, exist_ok=True)
     tag = args.tag
+    case = results.setup_case(tag, args.data_dir)
+    case.folder.mkdir(parents=True, exist_ok=True)
     grid = SMALL_PROFILE if args.small_profile else PROFILE
     engine_kwargs = dict(config["engine"], shape=SHAPE)
-    shared = shared_lambda_refs(args, out)
-    est = plan(args, out, tag, grid, shared)
+    shared = shared_lambda_refs(args)
+    est = plan(args, case, grid, shared)
     settings = ", ".join(f"{k}={v}" for k, v in config["engine"].items()) or "each policy's own"
     print(f"config [{args.config}]: engine settings {settings}; λ_ref searched on {args.lambda_policy}"
           + (f" ({est['lambda_shared']} reused from {args.lambda_refs_from})" if shared else "")
@@ -235,24 +234,22 @@ def main():
         return
 
     t0 = time.perf_counter()
-    profile_path = out / f"{tag}_step_profile.parquet"
-    tuning_path = out / f"{tag}_tuning.json"
-    profile, tuning = load_profile(out, args.profile_from or tag)
+    source = results.setup_case(args.profile_from, args.data_dir) if args.profile_from else case
+    profile, tuning = load_profile(source)
     if args.profile_from:
         if tuning is None:
-            raise SystemExit(f"--profile-from {args.profile_from}: no {args.profile_from}_step_profile.parquet "
-                             f"and _tuning.json in {out}")
+            raise SystemExit(f"--profile-from {args.profile_from}: no {source.path('profile').name} "
+                             f"and {source.path('tuning').name} in {case.folder}")
         if tuning.get("shape") != dataclasses.asdict(SHAPE):
             raise SystemExit(f"--profile-from {args.profile_from}: profiled another model shape")
-        store.atomic_write(tuning_path, lambda p: p.write_text(json.dumps(
-            dict(tuning, **{"from": args.profile_from}), indent=1, default=str)))
+        case.write(tuning=dict(tuning, **{"from": args.profile_from}))
         print(f"profile and speed ratio reused from {args.profile_from}", flush=True)
     elif profile is not None and not args.fresh:
-        print(f"profile and refit reused from {profile_path.name}", flush=True)
+        print(f"profile and refit reused from {case.path('profile').name}", flush=True)
     else:
         profile = backend.step_profile(shape=SHAPE, **grid)
         skipped = profile.attrs.get("skipped", [])
-        store.atomic_write(profile_path, lambda p: profile.to_parquet(p, index=False))
+        case.write(profile=profile)
         clean = profile[profile["clean"]]
         decode = clean[(clean["prefill_tokens"] == 0) & (clean["decode_seqs"] > 0)]
         decode_step_s = float(decode["step_s"].median())
@@ -262,22 +259,22 @@ def main():
                   "speed_ratio": 0.001 / decode_step_s,
                   "median_gap_s": float(np.nanmedian(profile["gap_s"])),
                   "median_schedule_s": float(np.nanmedian(profile["schedule_s"]))}
-        store.atomic_write(tuning_path, lambda p: p.write_text(json.dumps(tuning, indent=1, default=str)))
+        case.write(tuning=tuning)
         print(f"profile: {len(profile)} steps ({len(clean)} clean, {len(skipped)} grid points skipped) in "
               f"{tuning['profile_s']:.0f} s", flush=True)
     speed_ratio = args.speed_ratio or tuning["speed_ratio"]
     print(f"decode step {tuning['decode_step_s'] * 1e3:.2f} ms -> speed ratio {speed_ratio:.3g}", flush=True)
 
     budget = None if args.budget_s is None else max(0.0, args.budget_s - (time.perf_counter() - t0))
-    runs = run_case("vllm", n_per_source=args.windows_per_source, speed_ratio=speed_ratio,
-                    bisection_steps=args.bisection_steps, bracket_factor=args.bracket_factor,
-                    repetitions=args.repetitions, drift_tolerance=args.drift_tolerance,
-                    max_retries=args.max_retries, retry_wait_s=args.retry_wait_s,
-                    resume=not args.fresh, time_budget_s=budget, tag=f"{tag}_case", data_dir=args.data_dir,
-                    lambda_refs=shared, lambda_policy=args.lambda_policy, **engine_kwargs)
-    steps_path = out / f"{tag}_case_steps.parquet"
-    if steps_path.exists():
-        steps = pd.read_parquet(steps_path)
+    runs = run_case(CaseConfig("vllm", n_per_source=args.windows_per_source, speed_ratio=speed_ratio,
+                               bisection_steps=args.bisection_steps, bracket_factor=args.bracket_factor,
+                               repetitions=args.repetitions, drift_tolerance=args.drift_tolerance,
+                               max_retries=args.max_retries, retry_wait_s=args.retry_wait_s,
+                               tag=case.tag, data_dir=args.data_dir, lambda_refs=shared,
+                               lambda_policy=args.lambda_policy, engine_kwargs=engine_kwargs),
+                    resume=not args.fresh, time_budget_s=budget)
+    steps = case.steps
+    if steps is not None:
         steps = steps[steps["kept"]].sort_values(["window_id", "policy", "repetition", "step"])
         end = steps["start_s"] + steps["duration_s"]
         gap = steps["start_s"].shift(-1) - end
@@ -297,10 +294,8 @@ def main():
 
         clean = profile[profile["clean"]]
         cost, err, by_range = StepCost.fit(clean, by_range=True)
-        store.atomic_write(out / f"{tag}_fit_by_range.parquet", lambda p: by_range.to_parquet(p, index=False))
-        store.atomic_write(out / f"{tag}_cost.json", lambda p: p.write_text(json.dumps(
-            {"cost": dataclasses.asdict(cost), "fit_median_rel_error": err, "profile_rows": int(len(clean))},
-            indent=1)))
+        case.write(fit_by_range=by_range, cost={"cost": dataclasses.asdict(cost), "fit_median_rel_error": err,
+                                                "profile_rows": int(len(clean))})
         print(f"refit: {cost} (median error {err:.1%}); by range:", flush=True)
         print(by_range.to_string(index=False), flush=True)
     print(done_line(runs, est["runs_total"], time.perf_counter() - t0), flush=True)

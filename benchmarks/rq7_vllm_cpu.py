@@ -11,7 +11,8 @@ against a noisy host (run with the vLLM environment, `.venv-vllm`, on a quiet ma
    else a small step profile of vLLM's decode steps; the one used is kept in ``<tag>_tuning.json``.
 3. **Case**: :func:`portbench.realengine.study.run_case` at HIGH_PRESSURE — 5 windows per source,
    three policies, two repetitions, a host probe before and after every run with re-runs when the
-   host drifted, every engine step logged; results in ``data/results/realengine/<tag>_case_*``.
+   host drifted, every engine step logged; results in ``data/results/realengine/<tag>_case_*``
+   (:func:`portbench.results.setup_case`).
    Then mean ANWG per source and policy, and each new policy's paired difference from FCFS.
 
 **The FCFS baseline is ``fifo``, not ``vllm_faithful``.** In the simulator, RQ7's new policies and
@@ -43,28 +44,27 @@ case checks it before each run, so it can overrun by one run and its λ_ref sear
 
 import argparse
 import dataclasses
-import json
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rq6_vllm_cpu import SHAPE, SMALL_PROFILE, case_arguments, done_line, progress_on_disk  # noqa: E402  (the RQ6 case's model: the same engine)
 
-from portbench import store  # noqa: E402
-from portbench.realengine.study import (CASE_SOURCES, case_deltas, realengine_dir, reusable_lambda_refs,  # noqa: E402
+from portbench import results, store  # noqa: E402
+from portbench.realengine.study import (CASE_SOURCES, CaseConfig, case_deltas, reusable_lambda_refs,  # noqa: E402
                                       run_case)
 
 POLICIES = ("fifo", "sjf_aging", "vllm_priority")
 BASELINE = "fifo"
 REGION = "HIGH_PRESSURE"
-#: Speed ratios of the RQ6 case on this machine, reused when this case has none (same SHAPE).
-RQ6_TUNINGS = ("vllm_cpu_guarded_tuning.json", "vllm_cpu_tuning.json")
-#: Earlier FCFS runs on disk that give a run's duration for the estimate, after this case's own.
-RQ6_RUNS = ("vllm_cpu_guarded_case_attempts.parquet", "vllm_cpu_case_runs.parquet")
+#: Set-ups of the RQ6 case on this machine whose speed ratio is reused when this case has none (same SHAPE).
+RQ6_TUNINGS = ("vllm_cpu_guarded", "vllm_cpu")
+#: Earlier FCFS runs on disk that give a run's duration for the estimate, after this case's own:
+#: (case, part of it).
+RQ6_RUNS = (("vllm_cpu_guarded_case", "attempts"), ("vllm_cpu_case", "runs"))
 RQ6_FCFS = ("fifo", "vllm_faithful")
 #: The case whose real-engine λ_ref searches this one reuses (``--lambda-refs-from``).
 RQ6_CASE = "vllm_cpu_guarded_case"
@@ -79,38 +79,40 @@ def case_windows(args) -> list[str]:
             for wid in store.list_windows(args.data_dir, s)["window_id"][:args.windows_per_source]]
 
 
-def find_tuning(out: Path, tag: str, fresh: bool):
-    """``(tuning, path)`` of the speed ratio to reuse, or ``(None, None)``."""
-    paths = ([] if fresh else [out / f"{tag}_tuning.json"]) + [out / name for name in RQ6_TUNINGS]
-    for path in paths:
-        if path.exists():
-            tuning = json.loads(path.read_text())
-            if tuning.get("shape") == dataclasses.asdict(SHAPE) and tuning.get("speed_ratio"):
-                return tuning, path
+def find_tuning(case: results.Case, fresh: bool):
+    """``(tuning, path)`` of the speed ratio to reuse, or ``(None, None)``: ``case``'s own (unless
+    starting fresh), else the RQ6 case's."""
+    setups = ([] if fresh else [case]) + [results.setup_case(t, case.data_dir) for t in RQ6_TUNINGS]
+    for setup in setups:
+        tuning = setup.tuning
+        if tuning is not None and tuning.get("shape") == dataclasses.asdict(SHAPE) and tuning.get("speed_ratio"):
+            return tuning, setup.path("tuning")
     return None, None
 
 
-def shared_lambda_refs(args, out) -> dict:
+def shared_lambda_refs(args) -> dict:
     """The real-engine λ_ref entries of case ``--lambda-refs-from`` that this case may reuse: only if
     that case searched on the same backend, engine settings, bracket and bisection (else ``{}``,
     with the reason printed)."""
     if args.lambda_refs_from in (None, "", "none"):
         return {}
-    return reusable_lambda_refs(out / f"{args.lambda_refs_from}.json", case_windows(args), backend="vllm",
-                                engine_kwargs={"shape": repr(SHAPE)}, bracket_factor=args.bracket_factor,
-                                bisection_steps=args.bisection_steps)
+    return reusable_lambda_refs(results.Case(args.lambda_refs_from, args.data_dir), case_windows(args),
+                                backend="vllm", engine_kwargs={"shape": repr(SHAPE)},
+                                bracket_factor=args.bracket_factor, bisection_steps=args.bisection_steps)
 
 
-def plan(args, out, tag, shared: dict):
+def plan(args, case: results.Case, shared: dict):
     """Runs to do and an estimated duration (s), from earlier runs on disk where there are any;
     ``shared``: the λ_ref entries reused from another case (:func:`shared_lambda_refs`)."""
     windows = case_windows(args)
     n_runs = len(windows) * len(POLICIES) * args.repetitions
-    done, cal_done = progress_on_disk(out, tag, args.fresh)
+    done, cal_done = progress_on_disk(case, args.fresh)
     walls, walls_from = [], "default"
-    for path in [out / f"{tag}_case_attempts.parquet"] + [out / name for name in RQ6_RUNS]:
+    tag = args.tag
+    for earlier, part in [(case, "attempts")] + [(results.Case(c, args.data_dir), p) for c, p in RQ6_RUNS]:
+        path = earlier.path(part)
         if path.exists() and not (args.fresh and path.name.startswith(tag)):
-            df = pd.read_parquet(path)
+            df = getattr(earlier, part)
             if not path.name.startswith(tag):
                 df = df[df["policy"].isin(RQ6_FCFS)]
                 ours = df[df["window_id"].isin(windows)]
@@ -128,7 +130,7 @@ def plan(args, out, tag, shared: dict):
     # lasts ~1.5 x bracket_factor runs (a run is at 1.5 λ_ref), the high end ~1, a bisection ~1.5.
     calib_runs = searches * (1.5 * args.bracket_factor + 1 + 1.5 * args.bisection_steps)
     probes = 2 * todo * retry + 3 * len(POLICIES) if todo else 0
-    tuning, _ = find_tuning(out, tag, args.fresh)
+    tuning, _ = find_tuning(case, args.fresh)
     profile_s = 0.0 if (args.speed_ratio or tuning) else PROFILE_S
     est = {"windows": len(windows), "runs_total": n_runs, "runs_done": done, "runs_to_do": todo,
            "lambda_searches": searches, "calibration_replays_est": calib_replays,
@@ -140,14 +142,14 @@ def plan(args, out, tag, shared: dict):
     return est
 
 
-def speed_ratio_of(args, out, tag) -> tuple[float, str]:
-    """The speed ratio and where it came from; written to ``<tag>_tuning.json``."""
-    path = out / f"{tag}_tuning.json"
+def speed_ratio_of(args, case: results.Case) -> tuple[float, str]:
+    """The speed ratio and where it came from; written to the case's tuning."""
+    path = case.path("tuning")
     if args.speed_ratio:
         tuning = {"shape": dataclasses.asdict(SHAPE), "speed_ratio": float(args.speed_ratio),
                   "from": "--speed-ratio"}
     else:
-        tuning, found = find_tuning(out, tag, args.fresh)
+        tuning, found = find_tuning(case, args.fresh)
         if tuning is not None:
             tuning = dict(tuning, **({} if found == path else {"from": found.name}))
         else:
@@ -161,7 +163,7 @@ def speed_ratio_of(args, out, tag) -> tuple[float, str]:
                       "profile_rows": len(profile), "profile_s": time.perf_counter() - t0,
                       "decode_step_s": decode_step_s, "speed_ratio": 0.001 / decode_step_s,
                       "from": "small step profile"}
-    store.atomic_write(path, lambda p: p.write_text(json.dumps(tuning, indent=1, default=str)))
+    case.write(tuning=tuning)
     return float(tuning["speed_ratio"]), tuning.get("from", path.name)
 
 
@@ -173,10 +175,10 @@ def main():
                     help="reuse the real-engine λ_ref searches of this case (its tag; 'none': search here)")
     args = ap.parse_args()
 
-    out = realengine_dir(args.data_dir)
     tag = args.tag
-    shared = shared_lambda_refs(args, out)
-    est = plan(args, out, tag, shared)
+    case = results.setup_case(tag, args.data_dir)
+    shared = shared_lambda_refs(args)
+    est = plan(args, case, shared)
     print(f"plan [{tag}]: {len(args.sources)} sources x {args.windows_per_source} windows x "
           f"{len(POLICIES)} policies ({', '.join(POLICIES)}; FCFS = {BASELINE}) x {args.repetitions} "
           f"repetitions at {REGION} = {est['runs_total']} runs ({est['runs_done']} done, "
@@ -189,18 +191,19 @@ def main():
     if args.dry_run:
         return
 
-    out.mkdir(parents=True, exist_ok=True)
+    case.folder.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    speed_ratio, source = speed_ratio_of(args, out, tag)
+    speed_ratio, source = speed_ratio_of(args, case)
     print(f"speed ratio {speed_ratio:.3g} ({source})", flush=True)
     budget = None if args.budget_s is None else max(0.0, args.budget_s - (time.perf_counter() - t0))
-    runs = run_case("vllm", n_per_source=args.windows_per_source, sources=tuple(args.sources),
-                    policies=POLICIES, region=REGION, speed_ratio=speed_ratio,
-                    bisection_steps=args.bisection_steps, bracket_factor=args.bracket_factor,
-                    repetitions=args.repetitions, drift_tolerance=args.drift_tolerance,
-                    max_retries=args.max_retries, retry_wait_s=args.retry_wait_s,
-                    resume=not args.fresh, time_budget_s=budget, tag=f"{tag}_case",
-                    data_dir=args.data_dir, lambda_refs=shared, shape=SHAPE)
+    runs = run_case(CaseConfig("vllm", n_per_source=args.windows_per_source, sources=tuple(args.sources),
+                               policies=POLICIES, region=REGION, speed_ratio=speed_ratio,
+                               bisection_steps=args.bisection_steps, bracket_factor=args.bracket_factor,
+                               repetitions=args.repetitions, drift_tolerance=args.drift_tolerance,
+                               max_retries=args.max_retries, retry_wait_s=args.retry_wait_s,
+                               tag=case.tag, data_dir=args.data_dir, lambda_refs=shared,
+                               engine_kwargs={"shape": SHAPE}),
+                    resume=not args.fresh, time_budget_s=budget)
     if len(runs):
         print("mean ANWG by source and policy:", flush=True)
         print(runs.pivot_table(index="source", columns="policy", values="anwg").to_string(), flush=True)

@@ -4,7 +4,9 @@ Work is split by window: one task calibrates a window's λ_ref (FIFO knee) and t
 cells. Each finished task is written to a shard in the cache folder, atomically, under a content
 hash of (window rows, engine config, policies, SLO multiplier, code fingerprint), so a campaign that
 is killed resumes where it stopped and a rerun reuses everything. Tasks run in-process, on local
-processes, or on a Dask cluster; a cell's result does not depend on where it ran.
+processes, or on a Dask cluster; a cell's result does not depend on where it ran
+(:func:`run_sharded`, which RQ8's sub-window campaign shares). Every file is named, read and
+written by :mod:`portbench.results`.
 
 ``CampaignConfig.prediction_error`` re-synthesises the windows' output-length predictions at another
 relative error (:func:`portbench.workload.with_prediction_error`; deadlines are kept). The study's
@@ -25,11 +27,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import store
+from . import results, store
 from .engine import engine_model, simulate
 from .metrics import METRICS, cell_metrics
 from .policies import STUDY_POLICIES, make_policy
 from .regions import REGIONS, find_lambda_ref
+from .results import campaign_cache_dir as cache_dir, campaign_path as results_path, results_dir  # noqa: F401
 from .workload import (BASE_SLO_MULTIPLIER, PREDICTION_RELATIVE_ERROR, Window, check_prediction_error,
                        scale, with_prediction_error, with_slo)
 
@@ -154,29 +157,6 @@ def calibrate(window: Window, config: CampaignConfig):
 # ---------------------------------------------------------------------------------------------
 # Orchestration
 
-def results_dir(data_dir: Path | None = None) -> Path:
-    return Path(data_dir or store.default_data_dir()) / "results"
-
-
-def _prediction_suffix(prediction_error: float) -> str:
-    """'' for the study's prediction error, '_prederr<e>' for another level."""
-    e = check_prediction_error(prediction_error)
-    return "" if e == PREDICTION_RELATIVE_ERROR else f"_prederr{e:g}"
-
-
-def results_path(engine: str, data_dir: Path | None = None,
-                 prediction_error: float = PREDICTION_RELATIVE_ERROR) -> Path:
-    """``campaign_<engine>.parquet``; ``campaign_<engine>_prederr<e>.parquet`` at another error level."""
-    return results_dir(data_dir) / f"campaign_{engine}{_prediction_suffix(prediction_error)}.parquet"
-
-
-def cache_dir(engine: str, data_dir: Path | None = None,
-              prediction_error: float = PREDICTION_RELATIVE_ERROR) -> Path:
-    """Shards of one engine (one folder per prediction-error level, so that no level's clean-up of
-    stale shards touches another's)."""
-    return results_dir(data_dir) / "cache" / f"{engine}{_prediction_suffix(prediction_error)}"
-
-
 @dataclasses.dataclass
 class CampaignSummary:
     n_cells: int
@@ -195,91 +175,70 @@ class CampaignSummary:
 
 
 def _task(window, config, fingerprint, jobs):
-    """One window: calibrate once, then each (SLO multiplier, cells) job. Picklable for pools/Dask."""
+    """One window: calibrate once, then each (shard, SLO multiplier, cells) job; returns
+    ``[(shard, frame)]``. Picklable for pools/Dask."""
     lam = calibrate(window, config).lambda_ref
-    return window.window_id, [(slo, run_window(window, config, slo, fingerprint, cells, lam))
-                              for slo, cells in jobs]
-
-
-def _shard_path(cdir: Path, window: Window, slo: float, key: str) -> Path:
-    return cdir / f"{window.window_id}-slo{slo:g}-{key[:16]}.parquet"
-
-
-def _read_shard(path: Path) -> pd.DataFrame | None:
-    if not path.exists():
-        return None
-    try:
-        frame = pd.read_parquet(path)
-    except Exception:            # a foreign or damaged file: recompute rather than trust it
-        return None
-    return frame if set(RESULT_COLUMNS) <= set(frame.columns) else None   # an older layout
+    return [(stem, run_window(window, config, slo, fingerprint, cells, lam)) for stem, slo, cells in jobs]
 
 
 def run_campaign(config: CampaignConfig | None = None, *, data_dir: Path | None = None,
                  executor: str = "local", workers: int | None = None, address: str | None = None,
                  progress: bool = True, output: Path | None = None) -> CampaignSummary:
     """Run (or resume) a campaign and write its table to ``data/results/campaign_<engine>.parquet``
-    (:func:`results_path`: another prediction-error level gets its own file).
+    (:func:`portbench.results.campaign_path`: another prediction-error level gets its own file), its
+    stamp and its λ_ref table beside it.
 
     ``executor``: ``"local"`` (processes; ``workers=1`` runs in this process) or ``"dask"``
     (``address`` of a scheduler, or a ``LocalCluster`` with ``workers`` processes when omitted).
     """
-    from tqdm.auto import tqdm
-
     config = config or CampaignConfig()
     t0 = time.perf_counter()
     windows = store.load_windows(data_dir, window_ids=config.window_ids)
     fingerprint = code_fingerprint()
-    cdir = cache_dir(config.engine_model, data_dir, config.prediction_error)
+    cache = results.ShardCache(cache_dir(config.engine_model, data_dir, config.prediction_error),
+                               RESULT_COLUMNS, merge_on=("region", "policy"))
     wanted = [(r, p) for r in config.regions for p in config.policies]
-    done: dict[tuple[str, float], pd.DataFrame] = {}
-    keys: dict[tuple[str, float], str] = {}
-    todo: dict[str, tuple[Window, list]] = {}           # window_id -> (window, [(slo, cells)])
+    todo: dict[str, tuple] = {}           # window_id -> (window, config, fingerprint, [(stem, slo, cells)])
     for w in windows:
         for slo in config.slo_multipliers:
-            key = keys[(w.window_id, slo)] = shard_key(w, config, slo, fingerprint)
-            shard = _read_shard(_shard_path(cdir, w, slo, key))
+            stem = results.shard_stem(w.window_id, slo)
+            shard = cache.read(stem, shard_key(w, config, slo, fingerprint))
             have = set() if shard is None else set(zip(shard["region"], shard["policy"]))
             missing = [c for c in wanted if c not in have]
-            if shard is not None:
-                done[(w.window_id, slo)] = shard
             if missing:
-                todo.setdefault(w.window_id, (w, []))[1].append((slo, missing))
-    n_reused = sum(len(f) for f in done.values())
-    n_new_cells = sum(len(cells) for _, jobs in todo.values() for _, cells in jobs)
+                todo.setdefault(w.window_id, (w, config, fingerprint, []))[3].append((stem, slo, missing))
+    n_reused = sum(len(f) for f in cache.frames.values())
+    n_new_cells = sum(len(cells) for *_, jobs in todo.values() for _, _, cells in jobs)
+    run_sharded(_task, list(todo.values()), cache, executor=executor, workers=workers, address=address,
+                progress=progress, total=n_new_cells, unit="cell", desc=f"campaign [{config.engine_model}]")
 
-    def store_result(window, slo, frame):
-        old = done.get((window.window_id, slo))
-        merged = frame if old is None else pd.concat([old, frame], ignore_index=True)
-        merged = merged.drop_duplicates(["region", "policy"], keep="last")
-        path = _shard_path(cdir, window, slo, keys[(window.window_id, slo)])
-        store.atomic_write(path, lambda p: merged.to_parquet(p, index=False))
-        for stale in cdir.glob(f"{window.window_id}-slo{slo:g}-*.parquet"):   # older code or config
-            if stale != path:
-                stale.unlink(missing_ok=True)
-        done[(window.window_id, slo)] = merged
-
-    bar = tqdm(total=n_new_cells, unit="cell", desc=f"campaign [{config.engine_model}]",
-               disable=not progress or not todo, smoothing=0.05)
-    try:
-        for window, results in _execute(list(todo.values()), config, fingerprint, executor, workers,
-                                        address):
-            for slo, frame in results:
-                store_result(window, slo, frame)
-                bar.update(len(frame))
-    finally:
-        bar.close()
-
-    table = assemble(done.values(), config)
+    table = assemble(cache.frames.values(), config)
     path = Path(output) if output else results_path(config.engine_model, data_dir, config.prediction_error)
-    store.atomic_write(path, lambda p: table.to_parquet(p, index=False))
     stamp = campaign_stamp(config, {w.window_id: w.meta.get("sha256", "") for w in windows}, fingerprint)
-    store.atomic_write(path.with_suffix(".json"),
-                       lambda p: p.write_text(json.dumps(stamp, indent=1, sort_keys=True) + "\n"))
-    write_lambda_table(table, windows, path.parent / f"lambda_ref_{config.engine_model}"
-                                                     f"{_prediction_suffix(config.prediction_error)}.csv")
+    results.write_table(path, table, stamp)
+    write_lambda_table(table, windows, results.lambda_ref_path(config.engine_model, data_dir,
+                                                               config.prediction_error, beside=path))
     return CampaignSummary(len(table), n_new_cells, n_reused, len(windows),
                            time.perf_counter() - t0, path, table)
+
+
+def run_sharded(task, arguments: list[tuple], cache: results.ShardCache, *, executor: str = "local",
+                workers: int | None = None, address: str | None = None, progress: bool = True,
+                total: int | None = None, unit: str = "task", desc: str = "", count=len) -> None:
+    """Run ``task(*args)`` for each of ``arguments`` and store each shard it returns (a list of
+    ``(stem, frame)``) in ``cache`` as soon as its task finishes, so that a killed run loses only the
+    tasks in flight and a rerun resumes. The progress bar counts ``count(frame)`` per shard stored,
+    out of ``total``. ``executor``: see :func:`run_campaign`; the results do not depend on it."""
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=total, unit=unit, desc=desc, disable=not progress or not arguments, smoothing=0.05)
+    try:
+        for shards in _execute(task, arguments, executor, workers, address):
+            for stem, frame in shards:
+                cache.write(stem, frame)
+                bar.update(count(frame))
+    finally:
+        bar.close()
 
 
 def campaign_stamp(config: CampaignConfig, window_sha256: dict, fingerprint: str) -> dict:
@@ -296,12 +255,8 @@ def campaign_stamp(config: CampaignConfig, window_sha256: dict, fingerprint: str
 def results_are_current(config: CampaignConfig, data_dir: Path | None = None) -> bool:
     """True when the results table on disk was made by this code from these windows and config."""
     path = results_path(config.engine_model, data_dir, config.prediction_error)
-    stamp_path = path.with_suffix(".json")
-    if not path.exists() or not stamp_path.exists():
-        return False
-    try:
-        saved = json.loads(stamp_path.read_text())
-    except ValueError:
+    saved = results.read_stamp(path) if path.exists() else None
+    if saved is None:
         return False
     manifest = store.list_windows(data_dir)
     if config.window_ids is not None:
@@ -310,23 +265,20 @@ def results_are_current(config: CampaignConfig, data_dir: Path | None = None) ->
                                    code_fingerprint())
 
 
-def _execute(todo, config, fingerprint, executor, workers, address):
-    """Yield (window, [(slo, frame)]) as window tasks finish, in completion order."""
-    if not todo:
+def _execute(task, arguments, executor, workers, address):
+    """Yield ``task(*args)`` for each of ``arguments`` as the tasks finish, in completion order (in
+    this process when there is one worker or one task)."""
+    if not arguments:
         return
-    by_id = {w.window_id: w for w, _ in todo}
-    args = [(w, config, fingerprint, jobs) for w, jobs in todo]
     if executor == "local":
         workers = workers or os.cpu_count() or 1
-        if workers == 1:
-            for a in args:
-                wid, results = _task(*a)
-                yield by_id[wid], results
+        if workers == 1 or len(arguments) == 1:
+            for args in arguments:
+                yield task(*args)
             return
         with cf.ProcessPoolExecutor(max_workers=workers) as pool:
-            for fut in cf.as_completed([pool.submit(_task, *a) for a in args]):
-                wid, results = fut.result()
-                yield by_id[wid], results
+            for fut in cf.as_completed([pool.submit(task, *args) for args in arguments]):
+                yield fut.result()
     elif executor == "dask":
         from distributed import Client, LocalCluster, as_completed
         cluster = None
@@ -335,9 +287,8 @@ def _execute(todo, config, fingerprint, executor, workers, address):
                                    processes=True, dashboard_address=None)
         client = Client(address or cluster)
         try:
-            for fut in as_completed([client.submit(_task, *a, pure=False) for a in args]):
-                wid, results = fut.result()
-                yield by_id[wid], results
+            for fut in as_completed([client.submit(task, *args, pure=False) for args in arguments]):
+                yield fut.result()
         finally:
             client.close()
             if cluster is not None:
@@ -370,17 +321,14 @@ def write_lambda_table(table: pd.DataFrame, windows, path: Path) -> pd.DataFrame
                      "paper_lambda_ref": paper, "relative_difference": abs(ours / paper - 1)
                      if paper == paper else np.nan})
     frame = pd.DataFrame(rows)
-    store.atomic_write(path, lambda p: frame.to_csv(p, index=False, float_format="%.17g"))
+    results.write_lambda_table(path, frame)
     return frame
 
 
 def load_results(engine: str = "lssp", data_dir: Path | None = None,
                  prediction_error: float = PREDICTION_RELATIVE_ERROR) -> pd.DataFrame:
     """The campaign table written by :func:`run_campaign` (run ``portbench campaign`` first)."""
-    path = results_path(engine, data_dir, prediction_error)
-    if not path.exists():
-        raise FileNotFoundError(f"no campaign results at {path}: run `portbench campaign` first")
-    return pd.read_parquet(path)
+    return results.read_campaign(engine, data_dir, prediction_error)
 
 
 def diff_tables(old: pd.DataFrame, new: pd.DataFrame, *, ignore=("cell_key",)) -> list[str]:

@@ -173,11 +173,11 @@ def _book(args) -> int:
 
 
 def _realengine_case(args) -> int:
-    from .realengine.study import run_case
-    runs = run_case(args.backend, n_per_source=args.windows_per_source,
-                    bisection_steps=args.bisection_steps, speed_ratio=args.speed_ratio,
-                    time_budget_s=args.budget_s, tag=args.tag, data_dir=args.data_dir,
-                    progress=not args.quiet)
+    from .realengine.study import CaseConfig, run_case
+    runs = run_case(CaseConfig(args.backend, n_per_source=args.windows_per_source,
+                               bisection_steps=args.bisection_steps, speed_ratio=args.speed_ratio,
+                               tag=args.tag, data_dir=args.data_dir),
+                    time_budget_s=args.budget_s, progress=not args.quiet)
     print(f"{len(runs)} runs -> data/results/realengine/{args.tag or args.backend + '_case'}_*")
     return 0
 

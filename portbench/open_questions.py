@@ -15,27 +15,26 @@ Three additions to the study's cells, all under the study's own engine, calibrat
 - **Metric definition.** ANWG with other request weights (:data:`WEIGHTINGS`).
 
 :func:`run_subwindow_campaign` simulates every (window or sub-window, region, policy) cell with the
-study's 11 metrics and these new ones, cached per frozen window and resumable like the main campaign,
-and writes ``data/results/rq8_<engine>_n<size>.parquet``. It never touches the study's tables.
+study's 11 metrics and these new ones, cached per frozen window and resumable by the main campaign's
+runner (:func:`portbench.campaign.run_sharded`), and writes ``data/results/rq8_<engine>_n<size>.parquet``
+(:func:`portbench.results.subwindow_path`). It never touches the study's tables.
 """
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import dataclasses
 import hashlib
 import json
 import math
-import os
 import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from . import store
+from . import results, store
 from .engine import engine_model, simulate
-from .campaign import cell_key, code_fingerprint, results_dir
+from .campaign import cell_key, code_fingerprint, run_sharded
 from .metrics import METRICS, cell_metrics
 from .policies import PRIMARY_PANEL, make_policy
 from .regions import REGIONS, find_lambda_ref
@@ -288,11 +287,7 @@ def run_parent(window: Window, config: SubWindowConfig, code: str) -> pd.DataFra
 
 
 def subwindow_results_path(engine: str, window_size: int, data_dir: Path | None = None) -> Path:
-    return results_dir(data_dir) / f"rq8_{engine}_n{check_window_size(window_size)}.parquet"
-
-
-def _cache_dir(config: SubWindowConfig, data_dir) -> Path:
-    return results_dir(data_dir) / "cache" / f"rq8_{config.engine_model}_n{config.window_size}"
+    return results.subwindow_path(engine, check_window_size(window_size), data_dir)
 
 
 def _stamp(config: SubWindowConfig, windows, code: str) -> dict:
@@ -305,9 +300,8 @@ def _stamp(config: SubWindowConfig, windows, code: str) -> dict:
 def subwindow_results_current(config: SubWindowConfig, data_dir: Path | None = None) -> bool:
     """True when the table on disk was made by this code from these windows and this config."""
     path = subwindow_results_path(config.engine_model, config.window_size, data_dir)
-    try:
-        saved = json.loads(path.with_suffix(".json").read_text())
-    except (OSError, ValueError):
+    saved = results.read_stamp(path)
+    if saved is None:
         return False
     manifest = store.list_windows(data_dir)
     if config.window_ids is not None:
@@ -317,19 +311,8 @@ def subwindow_results_current(config: SubWindowConfig, data_dir: Path | None = N
     return path.exists() and saved == expected
 
 
-def _read_shard(path: Path, config: SubWindowConfig) -> pd.DataFrame | None:
-    try:
-        frame = pd.read_parquet(path)
-    except Exception:        # missing, foreign or damaged: recompute rather than trust it
-        return None
-    if not set(RESULT_COLUMNS) <= set(frame.columns):
-        return None
-    have = set(zip(frame["region"], frame["policy"]))
-    return frame if all((r, p) in have for r in config.regions for p in config.policies) else None
-
-
-def _task(window, config, code):
-    return window.window_id, run_parent(window, config, code)
+def _task(window, config, code, stem):
+    return [(stem, run_parent(window, config, code))]
 
 
 def run_subwindow_campaign(config: SubWindowConfig | None = None, *, data_dir: Path | None = None,
@@ -339,55 +322,28 @@ def run_subwindow_campaign(config: SubWindowConfig | None = None, *, data_dir: P
     Each frozen window's cells (all its sub-windows) are one task, written to its own cache shard as
     soon as it finishes, so a killed run resumes and a rerun reuses every finished window.
     """
-    from tqdm.auto import tqdm
-
     config = config or SubWindowConfig()
     t0 = time.perf_counter()
     windows = store.load_windows(data_dir, window_ids=config.window_ids)
     code = fingerprint()
-    cdir = _cache_dir(config, data_dir)
-    done, todo, paths = {}, [], {}
+    cache = results.ShardCache(results.subwindow_cache_dir(config.engine_model, config.window_size, data_dir),
+                               RESULT_COLUMNS)
+    wanted = [(r, p) for r in config.regions for p in config.policies]
+    todo = []
     for w in windows:
-        paths[w.window_id] = cdir / f"{w.window_id}-{_shard_key(w, config, code)[:16]}.parquet"
-        shard = _read_shard(paths[w.window_id], config)
-        if shard is None:
-            todo.append(w)
-        else:
-            done[w.window_id] = shard
-
-    def keep(window_id, frame):
-        path = paths[window_id]
-        store.atomic_write(path, lambda p: frame.to_parquet(p, index=False))
-        for stale in cdir.glob(f"{window_id}-*.parquet"):     # older code or config
-            if stale != path:
-                stale.unlink(missing_ok=True)
-        done[window_id] = frame
-
-    workers = workers or os.cpu_count() or 1
-    bar = tqdm(total=len(todo), unit="window", disable=not progress or not todo, smoothing=0.05,
-               desc=f"RQ8 campaign [{config.engine_model}, {config.window_size}-request windows]")
-    try:
-        if workers == 1 or len(todo) <= 1:
-            for w in todo:
-                keep(*_task(w, config, code))
-                bar.update(1)
-        else:
-            with cf.ProcessPoolExecutor(max_workers=workers) as pool:
-                for fut in cf.as_completed([pool.submit(_task, w, config, code) for w in todo]):
-                    keep(*fut.result())
-                    bar.update(1)
-    finally:
-        bar.close()
-    order = {w.window_id: k for k, w in enumerate(windows)}
-    frames = [done[w] for w in sorted(done, key=order.get)]
+        stem = results.shard_stem(w.window_id)
+        shard = cache.read(stem, _shard_key(w, config, code))
+        if shard is None or not set(wanted) <= set(zip(shard["region"], shard["policy"])):
+            todo.append((w, config, code, stem))          # every cell of the window, afresh
+    run_sharded(_task, todo, cache, workers=workers, progress=progress, total=len(todo), unit="window",
+                desc=f"RQ8 campaign [{config.engine_model}, {config.window_size}-request windows]",
+                count=lambda frame: 1)
+    frames = [cache.frames[w.window_id] for w in windows if w.window_id in cache.frames]
     table = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=RESULT_COLUMNS)
     table = table[table["region"].isin(config.regions) & table["policy"].isin(config.policies)]
     table = table.reset_index(drop=True)[RESULT_COLUMNS]
     path = subwindow_results_path(config.engine_model, config.window_size, data_dir)
-    store.atomic_write(path, lambda p: table.to_parquet(p, index=False))
-    stamp = _stamp(config, windows, code)
-    store.atomic_write(path.with_suffix(".json"),
-                       lambda p: p.write_text(json.dumps(stamp, indent=1, sort_keys=True) + "\n"))
+    results.write_table(path, table, _stamp(config, windows, code))
     if progress:
         print(f"{len(table)} cells of {config.window_size}-request windows ({len(todo)} frozen windows "
               f"simulated, {len(windows) - len(todo)} reused) in {time.perf_counter() - t0:.1f} s -> {path}")
@@ -396,11 +352,7 @@ def run_subwindow_campaign(config: SubWindowConfig | None = None, *, data_dir: P
 
 def load_subwindow_results(window_size: int, engine: str = "lssp", data_dir: Path | None = None) -> pd.DataFrame:
     """The RQ8 table of one window size (``portbench rq8-campaign`` writes it)."""
-    path = subwindow_results_path(engine, window_size, data_dir)
-    if not path.exists():
-        raise FileNotFoundError(f"no RQ8 results at {path}: run `portbench rq8-campaign "
-                                f"--window-sizes {window_size}` first")
-    return pd.read_parquet(path)
+    return results.read_subwindow_table(check_window_size(window_size), engine, data_dir)
 
 
 def per_parent(table: pd.DataFrame, metrics=None) -> pd.DataFrame:

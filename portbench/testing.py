@@ -209,9 +209,7 @@ def real_cases(engine_model: str, n_windows: int = 2) -> tuple:
     ``vllm_v1_caps``: the ``vllm_v1`` cases with vLLM's long-prefill caps on (threshold 256, at most
     two prefills a step, one of them long). Loaded once per process (every policy checked reuses
     them; the engines never change a window)."""
-    import pandas as pd
-
-    from . import store
+    from . import results, store
     from .engine import engine_model as make_model
     from .regions import find_lambda_ref, region_factor
     from .workload import with_slo
@@ -224,8 +222,8 @@ def real_cases(engine_model: str, n_windows: int = 2) -> tuple:
     if caps:
         model = dataclasses.replace(model, long_prefill_token_threshold=256,
                                     max_num_partial_prefills=2, max_long_partial_prefills=1)
-    table = store.default_data_dir() / "results" / f"lambda_ref_{engine_model}.csv"
-    lam = pd.read_csv(table).set_index("window_id")["lambda_ref"] if table.exists() else {}
+    table = results.read_lambda_table(engine_model)
+    lam = table.set_index("window_id")["lambda_ref"] if table is not None else {}
     first = store.list_windows().groupby("source", sort=True).head(1)["window_id"].tolist()
     cases = []
     for wid in first[:n_windows]:

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from portbench import fidelity, sim, testing
+from portbench import fidelity, results, sim, testing
 from portbench.engine import StepCost, VllmV1Model
 from portbench.engine.stepcost import PS
 from portbench.metrics import slo_violation_rate
@@ -78,6 +78,12 @@ def out_dir(tmp_path):
     return study.realengine_dir(tmp_path)
 
 
+def run_case(backend, *, progress=False, resume=True, time_budget_s=None, **config):
+    """:func:`study.run_case` on ``CaseConfig(backend, **config)``, without a progress bar."""
+    return study.run_case(study.CaseConfig(backend, **config), progress=progress, resume=resume,
+                          time_budget_s=time_budget_s)
+
+
 # --- 1. host guard, repetitions, step logs -----------------------------------------------------
 
 def test_guard_reruns_a_run_whose_probe_drifted_and_flags_one_that_never_settles(tmp_path):
@@ -86,7 +92,7 @@ def test_guard_reruns_a_run_whose_probe_drifted_and_flags_one_that_never_settles
     walls += [2.0, 2.0, 1.6, 1.6, 1.3, 1.3]            # run 2: every attempt drifted (least: the third)
     engine = FakeEngine(probe_walls=walls)
     ws = windows(1)
-    runs = study.run_case(engine.backend(), windows=ws, tag="g", data_dir=tmp_path, progress=False,
+    runs = run_case(engine.backend(), windows=ws, tag="g", data_dir=tmp_path, progress=False,
                           speed_ratio=0.1, bisection_steps=2)
     assert len(runs) == len(ws) * len(POLICIES) * 2
     assert set(study.GUARD_COLUMNS) <= set(runs.columns)
@@ -120,7 +126,7 @@ def test_a_noisy_reference_is_measured_again(tmp_path):
     walls = [1.0, 2.0, 1.0, 1.0, 1.0, 1.05]            # slai: a noisy round, then a consistent one
     walls += [3.0, 1.0, 1.0, 3.0, 1.0, 1.0, 1.0, 1.0, 3.0]   # vllm_faithful: never consistent
     engine = FakeEngine(probe_walls=walls)
-    study.run_case(engine.backend(), windows=windows(1)[:1], tag="n", data_dir=tmp_path, progress=False,
+    run_case(engine.backend(), windows=windows(1)[:1], tag="n", data_dir=tmp_path, progress=False,
                    repetitions=1)
     import json
     ref = json.loads((out_dir(tmp_path) / "n.json").read_text())["probe_reference"]
@@ -159,7 +165,7 @@ def test_a_stopped_case_resumes_without_repeating_a_run(tmp_path, stop_after):
     ws = windows(2)
     kw = dict(windows=ws, tag="r", progress=False, speed_ratio=0.1, bisection_steps=2)
     uninterrupted = FakeEngine()
-    full = study.run_case(uninterrupted.backend(), data_dir=tmp_path / "full", **kw)
+    full = run_case(uninterrupted.backend(), data_dir=tmp_path / "full", **kw)
 
     engine = FakeEngine()
     backend = engine.backend()
@@ -173,11 +179,11 @@ def test_a_stopped_case_resumes_without_repeating_a_run(tmp_path, stop_after):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(backend, "replay", stopping)
         with pytest.raises(KeyboardInterrupt):
-            study.run_case(backend, data_dir=tmp_path / "cut", **kw)
+            run_case(backend, data_dir=tmp_path / "cut", **kw)
     cut = out_dir(tmp_path / "cut")
     assert len(pd.read_parquet(cut / "r_runs.parquet")) == stop_after      # written after every run
     calls_before = list(engine.calls)
-    resumed = study.run_case(backend, data_dir=tmp_path / "cut", **kw)
+    resumed = run_case(backend, data_dir=tmp_path / "cut", **kw)
     calls_after = engine.calls[len(calls_before):]
 
     case = lambda calls: [c for c in calls if c[1] != "fifo"]  # noqa: E731
@@ -198,9 +204,9 @@ def test_a_stopped_case_resumes_without_repeating_a_run(tmp_path, stop_after):
 def test_a_finished_case_runs_nothing_on_restart(tmp_path):
     ws = windows(1)
     kw = dict(windows=ws, tag="done", data_dir=tmp_path, progress=False, speed_ratio=0.1)
-    first = study.run_case(FakeEngine().backend(), **kw)
+    first = run_case(FakeEngine().backend(), **kw)
     engine = FakeEngine()
-    again = study.run_case(engine.backend(), **kw)
+    again = run_case(engine.backend(), **kw)
     assert engine.calls == [] and engine.n_probes == 0
     pd.testing.assert_frame_equal(first[IDENTITY], again[IDENTITY])
 
@@ -208,12 +214,12 @@ def test_a_finished_case_runs_nothing_on_restart(tmp_path):
 def test_a_case_reuses_lambda_refs_searched_by_another_case(tmp_path):
     import json
     ws = windows(1)
-    study.run_case(FakeEngine().backend(), windows=ws, tag="a", data_dir=tmp_path, progress=False,
+    run_case(FakeEngine().backend(), windows=ws, tag="a", data_dir=tmp_path, progress=False,
                    speed_ratio=0.1, repetitions=1)
     searched = json.loads((out_dir(tmp_path) / "a.json").read_text())["lambda_ref_real"]
     shared = {wid: {**e, "from": "a"} for wid, e in searched.items() if wid == ws[0].window_id}
     engine = FakeEngine()
-    runs = study.run_case(engine.backend(), windows=ws, tag="b", data_dir=tmp_path, progress=False,
+    runs = run_case(engine.backend(), windows=ws, tag="b", data_dir=tmp_path, progress=False,
                           speed_ratio=0.1, repetitions=1, lambda_refs=shared)
     searched_here = {c[0] for c in engine.calls if c[1] == "fifo"}
     assert searched_here == {w.window_id for w in ws[1:]}          # only the window not shared
@@ -222,7 +228,7 @@ def test_a_case_reuses_lambda_refs_searched_by_another_case(tmp_path):
     assert (runs.set_index("window_id")["lambda_ref_real"].groupby(level=0).first()
             == pd.Series({wid: e["lambda"] for wid, e in searched.items()})).all()
     with pytest.raises(ValueError, match="lambda_refs.*'from'"):
-        study.run_case(FakeEngine().backend(), windows=ws, tag="c", data_dir=tmp_path, progress=False,
+        run_case(FakeEngine().backend(), windows=ws, tag="c", data_dir=tmp_path, progress=False,
                        lambda_refs={ws[0].window_id: {"lambda": 2.0}})
 
 
@@ -231,11 +237,11 @@ def test_resume_refuses_an_unguarded_or_different_case(tmp_path):
     out.mkdir(parents=True)
     (out / "old.json").write_text('{"backend": "vllm", "case": {"policies": ["a"]}}')
     with pytest.raises(ValueError, match="before the guarded case"):
-        study.run_case(FakeEngine().backend(), windows=windows(1), tag="old", data_dir=tmp_path,
+        run_case(FakeEngine().backend(), windows=windows(1), tag="old", data_dir=tmp_path,
                        progress=False)
-    study.run_case(FakeEngine().backend(), windows=windows(1), tag="x", data_dir=tmp_path, progress=False)
+    run_case(FakeEngine().backend(), windows=windows(1), tag="x", data_dir=tmp_path, progress=False)
     with pytest.raises(ValueError, match="different case"):
-        study.run_case(FakeEngine().backend(), windows=windows(1), tag="x", data_dir=tmp_path,
+        run_case(FakeEngine().backend(), windows=windows(1), tag="x", data_dir=tmp_path,
                        progress=False, region="LOW")
 
 
@@ -284,7 +290,7 @@ def test_lambda_search_widens_until_the_knee_is_inside(knee, pinned, widenings):
 
 def test_case_records_a_pinned_window(tmp_path):
     engine = FakeEngine(knee=1e-9)
-    runs = study.run_case(engine.backend(), windows=windows(1), tag="p", data_dir=tmp_path, progress=False,
+    runs = run_case(engine.backend(), windows=windows(1), tag="p", data_dir=tmp_path, progress=False,
                           guard=False, repetitions=1, max_widenings=2)
     assert runs["lambda_pinned"].all()
     cal = pd.read_parquet(out_dir(tmp_path) / "p_calibration.parquet")
@@ -475,18 +481,17 @@ def test_step_ratio_is_the_median_real_over_modelled_step_of_the_kept_attempt():
 
 
 def test_lambda_refs_are_reused_only_from_a_case_searched_the_same_way(tmp_path, capsys):
-    import json
     entry = {"lambda": 2.5, "pinned": False, "pinned_side": None, "probes": []}
     meta = {"backend": "vllm", "case": {"bracket_factor": 8.0, "bisection_steps": 3},
             "lambda_ref_real": {"w1": entry, "w2": {**entry, "from": "older"}, "w3": entry}}
-    path = tmp_path / "other_case.json"
-    path.write_text(json.dumps(meta))
-    got = study.reusable_lambda_refs(path, ["w1", "w2"], backend="vllm", bracket_factor=8.0,
+    other = results.Case("other_case", tmp_path)
+    other.write(meta=meta)
+    got = study.reusable_lambda_refs(other, ["w1", "w2"], backend="vllm", bracket_factor=8.0,
                                      bisection_steps=3, lambda_policy="fifo")
     # only this case's windows, each marked with the case it was found in (FIFO by default)
     assert got == {"w1": {**entry, "from": "other_case"}, "w2": {**entry, "from": "older"}}
-    assert study.reusable_lambda_refs(path, ["w1"], backend="vllm", bisection_steps=5) == {}
+    assert study.reusable_lambda_refs(other, ["w1"], backend="vllm", bisection_steps=5) == {}
     assert "bisection_steps" in capsys.readouterr().out
-    assert study.reusable_lambda_refs(path, ["w1"], lambda_policy="vllm_faithful") == {}
-    assert study.reusable_lambda_refs(tmp_path / "none.json", ["w1"], backend="vllm") == {}
+    assert study.reusable_lambda_refs(other, ["w1"], lambda_policy="vllm_faithful") == {}
+    assert study.reusable_lambda_refs(results.Case("none", tmp_path), ["w1"], backend="vllm") == {}
     assert "no none.json" in capsys.readouterr().out

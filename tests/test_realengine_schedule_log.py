@@ -11,7 +11,7 @@ import pytest
 
 from portbench.realengine import vllm_backend as vb
 from portbench.realengine import study
-from test_realengine_guards import FakeEngine, out_dir, windows
+from test_realengine_guards import FakeEngine, out_dir, run_case, windows
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -80,8 +80,8 @@ class LoggingEngine(FakeEngine):
 def test_case_stores_the_submission_clock_and_the_batch_of_every_step(tmp_path):
     ws = windows(1)
     engine = LoggingEngine()
-    study.run_case(engine.backend(), windows=ws, tag="log", data_dir=tmp_path, progress=False,
-                   speed_ratio=0.1, repetitions=1, lambda_policy="vllm_faithful", max_in_flight=32)
+    run_case(engine.backend(), windows=ws, tag="log", data_dir=tmp_path, progress=False,
+                   speed_ratio=0.1, repetitions=1, lambda_policy="vllm_faithful", engine_kwargs={"max_in_flight": 32})
     out = out_dir(tmp_path)
     requests = pd.read_parquet(out / "log_requests.parquet")
     assert {"submit_s", "submit_step"} <= set(requests.columns)
@@ -97,7 +97,7 @@ def test_case_stores_the_submission_clock_and_the_batch_of_every_step(tmp_path):
     assert "fifo" not in {c[1] for c in engine.calls}            # the λ_ref search replayed vllm_faithful
     # a resumed case must search λ_ref the same way
     with pytest.raises(ValueError, match="λ_ref searches replayed 'vllm_faithful'"):
-        study.run_case(LoggingEngine().backend(), windows=ws, tag="log", data_dir=tmp_path, progress=False,
+        run_case(LoggingEngine().backend(), windows=ws, tag="log", data_dir=tmp_path, progress=False,
                        speed_ratio=0.1, repetitions=2)
 
 
@@ -106,10 +106,10 @@ def test_a_case_written_before_the_new_columns_resumes(tmp_path):
     with the columns and leaves the old rows empty."""
     ws = windows(1)
     kw = dict(windows=ws, tag="old", data_dir=tmp_path, progress=False, speed_ratio=0.1)
-    study.run_case(FakeEngine().backend(), repetitions=1, **kw)
+    run_case(FakeEngine().backend(), repetitions=1, **kw)
     out = out_dir(tmp_path)
     assert "submit_s" not in pd.read_parquet(out / "old_requests.parquet")
-    study.run_case(LoggingEngine().backend(), repetitions=2, **kw)
+    run_case(LoggingEngine().backend(), repetitions=2, **kw)
     requests = pd.read_parquet(out / "old_requests.parquet")
     new = requests["repetition"] == 1
     assert requests.loc[~new, "submit_s"].isna().all() and requests.loc[new, "submit_s"].notna().any()

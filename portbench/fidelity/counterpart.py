@@ -1,5 +1,5 @@
 """Each real run's simulated counterpart: the ``vllm_v1`` model on the same window, load and refusal
-rule, request by request (the stored ``<tag>_case_sim_requests``), its per-request latency errors,
+rule, request by request (the stored ``sim_requests`` of a case), its per-request latency errors,
 and the like-for-like reading of ANWG against the real engine's own repetitions.
 """
 
@@ -16,7 +16,7 @@ from ..engine.vllm_v1 import VllmV1Model
 from ..metrics import cell_metrics
 from ..policies import make_policy
 from ..workload import scale
-from .cases import GUARDED_TAG, RUN_KEYS, run_rows, case_tag, run_steps
+from .cases import GUARDED_TAG, RUN_KEYS, run_rows, run_steps
 from ..engine.stepcost import ScaledStepCost, ShapedStepCost, cross_validated_costs, run_speed_factors
 
 
@@ -318,18 +318,15 @@ def cost_choice_errors(runs: pd.DataFrame, requests: pd.DataFrame, steps: pd.Dat
 
 def write_counterparts(tag: str = GUARDED_TAG, *, data_dir=None, kind: str = "rich", k: int = 4):
     """Store each real run of case ``tag`` with its simulated counterpart per request
-    (:func:`counterpart_requests`) as ``<tag>_case_sim_requests.parquet`` beside the case's files;
+    (:func:`counterpart_requests`) as the case's ``sim_requests`` (:class:`portbench.results.Case`);
     the separate reading at the run's own speed level (``speed_known``) sits beside it as
     ``admit_s_sim_run_speed``, ``first_token_s_sim_run_speed``, ``finish_s_sim_run_speed`` with the
     run's ``speed_factor``. Returns the path."""
+    from .. import results
     from .. import store as _store
-    from ..realengine.study import realengine_dir
 
-    tag = case_tag(tag)
-    d = realengine_dir(data_dir)
-    runs = pd.read_parquet(d / f"{tag}_case_runs.parquet")
-    requests = pd.read_parquet(d / f"{tag}_case_requests.parquet")
-    steps = pd.read_parquet(d / f"{tag}_case_steps.parquet")
+    case = results.load_case(results.case_of(tag).tag, data_dir)
+    runs, requests, steps = case.runs, case.requests, case.steps
     windows = {w.window_id: w for w in _store.load_windows(window_ids=sorted(set(runs["window_id"])))}
     frame = counterpart_requests(runs, requests, steps, windows, k=k, kind=kind).drop(columns="speed_factor")
     known = counterpart_requests(runs, requests, steps, windows, k=k, kind=kind, speed_known=True)
@@ -337,9 +334,8 @@ def write_counterparts(tag: str = GUARDED_TAG, *, data_dir=None, kind: str = "ri
         frame[f"{c}_run_speed"] = known[c].to_numpy()
     frame["speed_factor"] = known["speed_factor"].to_numpy()
     frame = frame.assign(cost_kind=kind)
-    path = d / f"{tag}_case_sim_requests.parquet"
-    _store.atomic_write(path, lambda p: frame.to_parquet(p, index=False))
-    return path
+    case.write(sim_requests=frame)
+    return case.path("sim_requests")
 
 
 #: Published fidelity figures of other simulators, for scale (not comparable one to one: other

@@ -21,7 +21,8 @@ Three phases, each time-boxed inside ``--budget-s``:
    as many as time allows. Later windows of a source bracket their λ_ref search around that
    source's windows searched so far (``--adapt-bracket``).
 
-Everything lands in ``data/results/realengine/<tag>_*``; the RQ6 notebook reads it. On a CPU with
+Everything lands in ``data/results/realengine/<tag>_*`` (:func:`portbench.results.setup_case`); the
+RQ6 notebook reads it. On a CPU with
 ``--tiny`` the same script runs end to end in a minute or two (that is how it is tested).
 
     python -m portbench.realengine.gpu --device cuda --budget-s 480 --tag h200
@@ -39,12 +40,11 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
-from .. import store
+from .. import results
 from ..workload import make_window
 from . import PROBE_REPEATS, PROBE_WARMUP, ModelShape, gpu_name
-from .study import realengine_dir, run_case
+from .study import CaseConfig, run_case
 
 #: A 0.5B-class Llama shape (about Qwen2.5-0.5B's dimensions), random weights, bf16.
 HALF_B = ModelShape(n_layers=24, hidden_size=896, n_heads=14, n_kv_heads=2, intermediate_size=4864,
@@ -175,8 +175,10 @@ def refit(tag: str, data_dir: Path | None = None) -> dict:
     from ..engine.stepcost import StepCost
     from ..fidelity import predicted_step_s
 
-    out = realengine_dir(data_dir)
-    profile = pd.read_parquet(out / f"{tag}_step_profile.parquet")
+    case = results.setup_case(tag, data_dir)
+    profile = case.profile
+    if profile is None:
+        raise FileNotFoundError(f"no {case.path('profile').name} in {case.folder}: nothing to refit")
     x = np.column_stack([np.ones(len(profile)), profile["batch_prefill_tokens"], profile["batch_decode_seqs"],
                          profile["batch_context_tokens"]]).astype(float)
     y = profile["step_s"].to_numpy(dtype=float)
@@ -190,11 +192,10 @@ def refit(tag: str, data_dir: Path | None = None) -> dict:
                      median_step_s=("step_s", "median")).reset_index())
     result = {"cost": dataclasses.asdict(cost), "fit_median_rel_error": float(np.median(np.abs(rel))),
               "profile_rows": int(len(profile)),
-              "fitted_on": f"{tag}_step_profile.parquet (batch_prefill_tokens, batch_decode_seqs, "
+              "fitted_on": f"{case.path('profile').name} (batch_prefill_tokens, batch_decode_seqs, "
                            "batch_context_tokens -> step_s; relative least squares)"}
-    steps_path = out / f"{tag}_case_steps.parquet"
-    if steps_path.exists():
-        steps = pd.read_parquet(steps_path)
+    steps = case.steps
+    if steps is not None:
         if {"duration_s", "prefill_tokens", "decode_seqs", "context_tokens"} <= set(steps.columns):
             steps = steps.dropna(subset=["duration_s"])
             if "kept" in steps:
@@ -208,8 +209,7 @@ def refit(tag: str, data_dir: Path | None = None) -> dict:
                 "sum_predicted_over_measured": float(pred.sum() / steps["duration_s"].sum()),
                 "max_context_tokens": int(steps["context_tokens"].max()),
                 "max_profile_context_tokens": int(profile["batch_context_tokens"].max())}
-    store.atomic_write(out / f"{tag}_fit_by_range.parquet", lambda p: by_point.to_parquet(p, index=False))
-    store.atomic_write(out / f"{tag}_cost.json", lambda p: p.write_text(json.dumps(result, indent=1)))
+    case.write(fit_by_range=by_point, cost=result)
     return result
 
 
@@ -228,14 +228,13 @@ def run(args) -> int:
     config = CONFIGS[args.config]
     settings = dict(config["settings"])
     configs = [{**settings, **c} for c in config["cpu" if args.device == "cpu" else "gpu"]]
-    out = realengine_dir(args.data_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    case_files = results.setup_case(tag, args.data_dir)
+    case_files.folder.mkdir(parents=True, exist_ok=True)
     model = mod.build_model(shape, args.device)
     print(f"model built in {time.perf_counter() - t0:.1f} s ({args.config} configuration)", flush=True)
-    tuning_path, profile_path = out / f"{tag}_tuning.json", out / f"{tag}_step_profile.parquet"
-    if tuning_path.exists() and profile_path.exists():
+    if case_files.has("tuning", "profile"):
         # a resumed case keeps its engine configuration (and its λ_ref bracket)
-        meta = json.loads(tuning_path.read_text())
+        meta = case_files.tuning
         best, speed_ratio = meta["best_config"], float(meta["speed_ratio"])
         if "use_cuda_graph" in best.get("extra", {}) and isinstance(best["extra"]["use_cuda_graph"], list):
             best["extra"]["use_cuda_graph"] = tuple(best["extra"]["use_cuda_graph"])
@@ -255,7 +254,7 @@ def run(args) -> int:
         profile = mod.step_profile(shape, args.device, model=model, block_size=best["block_size"],
                                    extra=best.get("extra"), **grid)
         print(f"step profile: {len(profile)} steps timed in {time.perf_counter() - tp:.0f} s", flush=True)
-        store.atomic_write(profile_path, lambda p: profile.to_parquet(p, index=False))
+        case_files.write(profile=profile)
         # Speed ratio: the simulator serves a decoding request one token per 1 ms; this engine needs
         # one step per token, and a step at a typical decode batch takes `decode_step_s`.
         decode = profile[(profile["prefill_tokens"] == 0) & (profile["decode_seqs"] > 0)]
@@ -266,26 +265,27 @@ def run(args) -> int:
         meta = {"tag": tag, "device": args.device, "config": args.config, "shape": shape.__dict__,
                 "best_config": best, "tuning": tuning, "decode_step_s": decode_step_s,
                 "speed_ratio": speed_ratio, "gpu": gpu_name(args.device)}
-        store.atomic_write(tuning_path, lambda p: p.write_text(json.dumps(meta, indent=1, default=str)))
+        case_files.write(tuning=meta)
 
-    case = dict(n_per_source=args.windows_per_source, speed_ratio=speed_ratio,
-                bisection_steps=args.bisection_steps, drift_tolerance=args.drift_tolerance,
-                max_retries=args.max_retries, max_widenings=args.max_widenings,
-                bracket_factor=args.bracket_factor, adapt_bracket=args.adapt_bracket or None,
-                reference_probes=args.reference_probes, probe_warmup=args.probe_warmup,
-                probe_repeats=args.probe_repeats, lambda_policy=config["lambda_policy"],
-                tag=f"{tag}_case", data_dir=args.data_dir, shape=shape, device=args.device, model=model, **best)
+    case = CaseConfig("transformers", n_per_source=args.windows_per_source, speed_ratio=speed_ratio,
+                      bisection_steps=args.bisection_steps, drift_tolerance=args.drift_tolerance,
+                      max_retries=args.max_retries, max_widenings=args.max_widenings,
+                      bracket_factor=args.bracket_factor, adapt_bracket=args.adapt_bracket or None,
+                      reference_probes=args.reference_probes, probe_warmup=args.probe_warmup,
+                      probe_repeats=args.probe_repeats, lambda_policy=config["lambda_policy"],
+                      tag=case_files.tag, data_dir=args.data_dir,
+                      engine_kwargs=dict(shape=shape, device=args.device, model=model, **best))
     # first one repetition of every window, then the others: a stop leaves every window covered
     runs = []
     for reps in sorted({1, args.repetitions}):
         remaining = args.budget_s - (time.perf_counter() - t0)
         if remaining <= 0:
             break
-        runs = run_case("transformers", repetitions=reps, time_budget_s=remaining * 0.9, **case)
+        runs = run_case(dataclasses.replace(case, repetitions=reps), time_budget_s=remaining * 0.9)
     fit = refit(tag, args.data_dir)
     print(f"step cost refitted on the profile: {fit['cost']} (median error {fit['fit_median_rel_error']:.1%})",
           flush=True)
-    print(f"done: {len(runs)} runs in {time.perf_counter() - t0:.0f} s -> {out}", flush=True)
+    print(f"done: {len(runs)} runs in {time.perf_counter() - t0:.0f} s -> {case_files.folder}", flush=True)
     return 0
 
 

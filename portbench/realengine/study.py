@@ -6,30 +6,32 @@ Azure vs BurstGPT; control: Azure vs Bailian. For each window, λ_ref is re-foun
 outside it), the window is compressed to 1.5 × λ_ref, and each policy replays it ``repetitions``
 times. A shared host can slow a whole stretch of runs down: every run is guarded by a fixed probe
 batch before and after it, compared with a reference taken at the start, and re-run when the host
-drifted (:func:`run_case`). Per-request times are written to
-``data/results/realengine/<tag>_requests.parquet``, per-run metrics and probe figures to
-``<tag>_runs.parquet``, every engine step to ``<tag>_steps.parquet``, every attempt to
-``<tag>_attempts.parquet``, the λ search to ``<tag>_calibration.parquet`` and the provenance
-(engine, versions, model shape, hardware, date, probe references, λ_ref per window) to
-``<tag>.json``; a stopped case resumes where it stopped.
+drifted (:func:`run_case`, configured by a :class:`CaseConfig`). Per-run metrics and probe figures,
+per-request times, every engine step, every attempt, the λ search and the provenance (engine,
+versions, model shape, hardware, date, probe references, λ_ref per window) are written as one
+:class:`portbench.results.Case` under ``data/results/realengine/``; a stopped case resumes where it
+stopped.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import functools
 import importlib
-import json
 import math
+import time
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
 
-from .. import store
+from .. import results, store
 from ..metrics import cell_metrics, slo_violation_rate
 from ..regions import REGIONS, VIOLATION_THRESHOLD
 from ..workload import Window, scale
+from ..results import realengine_dir  # noqa: F401  (where the cases are; named in portbench.results)
 from . import BACKENDS, PROBE_OUTPUT_TOKENS, PROBE_PROMPT_TOKENS, PROBE_REPEATS, PROBE_REQUESTS, PROBE_WARMUP
 
 CASE_POLICIES = ("slai_faithful", "vllm_faithful")
@@ -66,28 +68,25 @@ def backend(name: str):
     return importlib.import_module(f"{__package__}.{name}_backend")
 
 
-def realengine_dir(data_dir: Path | None = None) -> Path:
-    return Path(data_dir or store.default_data_dir()) / "results" / "realengine"
-
-
-def reusable_lambda_refs(path: Path, windows, **ours) -> dict:
-    """The real-engine λ_ref entries for ``windows`` of the case whose provenance file is ``path``
-    (``<tag>.json``), each marked with the case it came from, when that case searched with the same
-    settings ``ours`` (by name: ``backend`` and ``engine_kwargs`` at the file's top level, the others
-    in its ``case`` section, where ``lambda_policy`` defaults to FIFO as in files written before it
-    was recorded); else ``{}``, with the reason printed."""
-    if not path.exists():
-        print(f"no {path.name}: every λ_ref is searched here", flush=True)
+def reusable_lambda_refs(case: results.Case, windows, **ours) -> dict:
+    """The real-engine λ_ref entries for ``windows`` of ``case`` (from its provenance), each marked
+    with the case it came from, when that case searched with the same settings ``ours`` (by name:
+    ``backend`` and ``engine_kwargs`` at the provenance's top level, the others in its ``case``
+    section, where ``lambda_policy`` defaults to FIFO as in files written before it was recorded);
+    else ``{}``, with the reason printed."""
+    meta = case.meta
+    if meta is None:
+        print(f"no {case.path('meta').name}: every λ_ref is searched here", flush=True)
         return {}
-    meta = json.loads(path.read_text())
-    case = {"lambda_policy": "fifo", **meta.get("case", {})}
-    differ = [k for k, v in ours.items() if (meta.get(k) if k in ("backend", "engine_kwargs") else case.get(k)) != v]
+    settings = {"lambda_policy": "fifo", **meta.get("case", {})}
+    differ = [k for k, v in ours.items()
+              if (meta.get(k) if k in ("backend", "engine_kwargs") else settings.get(k)) != v]
     if differ:
-        print(f"{path.name} searched λ_ref with other {', '.join(differ)}: every λ_ref is searched here",
-              flush=True)
+        print(f"{case.path('meta').name} searched λ_ref with other {', '.join(differ)}: every λ_ref is "
+              "searched here", flush=True)
         return {}
     windows = set(windows)
-    return {wid: {**entry, "from": entry.get("from", path.stem)}
+    return {wid: {**entry, "from": entry.get("from", case.tag)}
             for wid, entry in meta.get("lambda_ref_real", {}).items() if wid in windows}
 
 
@@ -154,12 +153,120 @@ def find_real_lambda_ref(window: Window, replay, *, lo: float, hi: float, steps:
 
 #: Columns that identify a run of the case (a resumed case skips those already in its table).
 RUN_KEY = ("window_id", "policy", "repetition")
-#: Per-request arrays a backend's info may carry into ``<tag>_requests`` (vLLM: the loop's clock at
+#: Per-request arrays a backend's info may carry into the case's requests (vLLM: the loop's clock at
 #: ``add_request`` and the index of the first step that could schedule the request; NaN / -1 when
 #: refused). Absent from the files written before 2026-12.
 REQUEST_EXTRAS = ("submit_s", "submit_step")
 #: What the host guard stores with every run.
 GUARD_COLUMNS = ("probe_before_s", "probe_after_s", "probe_ref_s", "drift", "attempt", "host_flagged")
+
+
+@dataclasses.dataclass(frozen=True)
+class CaseConfig:
+    """What :func:`run_case` runs: the case, its λ_ref search, its host guard and the engine.
+
+    ``backend``: ``"vllm"`` or ``"transformers"`` (or any object with ``replay`` and ``probe``
+    functions, as the tests pass). The case: ``policies`` at ``region``, ``n_per_source`` windows
+    of each of ``sources`` in manifest order, interleaving sources (or the given ``windows``), each
+    (window, policy) run ``repetitions`` times; ``engine_kwargs`` go to every replay and probe.
+
+    **λ_ref on the real engine** is bracketed around ``speed_ratio`` × the simulator's λ_ref (a real
+    engine that serves a request ``r`` times slower than the simulator's 1 ms per token has its knee
+    about ``r`` times lower), within a factor ``bracket_factor`` either way, widened up to
+    ``max_widenings`` times when the knee is outside, then bisected ``bisection_steps`` times
+    (:func:`find_real_lambda_ref`), replaying ``lambda_policy`` (FIFO; the study's own real-system
+    search replayed ``vllm_faithful``). ``adapt_bracket`` (a factor, e.g. 2): once a source has
+    searched windows, its next windows are bracketed within that factor of the simulator's λ_ref ×
+    the median real/simulated λ_ref ratio of that source so far. ``lambda_refs``: a ``{window_id:
+    entry}`` mapping of searches already made by another case on the same engine and settings (that
+    case's ``lambda_ref_real``: ``lambda``, ``pinned``, ``pinned_side``, ``probes`` and ``from``, the
+    case it came from); those windows are not searched again, and the entry is stored as given.
+
+    **Host guard** (``guard``): a reference probe per policy (the median wall time of
+    ``reference_probes`` runs of the backend's ``probe``, measured again, up to three rounds, while
+    they disagree by more than ``drift_tolerance``), then a probe before and after every run; a run
+    whose probes drift by more than ``drift_tolerance`` from the reference is re-run, at most
+    ``max_retries`` times (``retry_wait_s`` apart). Each probe replays its batch ``probe_warmup``
+    times untimed and ``probe_repeats`` times timed.
+
+    ``tag``: the case's files' prefix (default ``<backend>_case``) in ``data_dir``'s
+    ``results/realengine/`` (:class:`portbench.results.Case`).
+    """
+
+    backend: object
+    n_per_source: int = 10
+    sources: tuple = CASE_SOURCES
+    policies: tuple = CASE_POLICIES
+    region: str = CASE_REGION
+    speed_ratio: float = 1.0
+    bracket_factor: float = 8.0
+    max_widenings: int = 3
+    bisection_steps: int = 5
+    repetitions: int = 2
+    guard: bool = True
+    drift_tolerance: float = 0.15
+    max_retries: int = 2
+    reference_probes: int = 3
+    retry_wait_s: float = 0.0
+    tag: str | None = None
+    data_dir: Path | None = None
+    windows: tuple | None = None
+    lambda_refs: dict | None = None
+    lambda_policy: str = "fifo"
+    probe_warmup: int = PROBE_WARMUP
+    probe_repeats: int = PROBE_REPEATS
+    adapt_bracket: float | None = None
+    engine_kwargs: dict = dataclasses.field(default_factory=dict)
+
+    def settings(self) -> dict:
+        """The ``case`` section of the case's provenance."""
+        return {"policies": list(self.policies), "region": self.region, "sources": list(self.sources),
+                "n_per_source": self.n_per_source, "speed_ratio": self.speed_ratio,
+                "bracket_factor": self.bracket_factor, "max_widenings": self.max_widenings,
+                "bisection_steps": self.bisection_steps, "repetitions": self.repetitions,
+                "guard": bool(self.guard), "adapt_bracket": self.adapt_bracket,
+                "lambda_policy": self.lambda_policy,
+                "drift_tolerance": self.drift_tolerance, "max_retries": self.max_retries,
+                "reference_probes": self.reference_probes, "retry_wait_s": self.retry_wait_s}
+
+
+class _Try(NamedTuple):
+    """One attempt of a run: the replay and the host probes around it."""
+    attempt: int
+    result: object
+    info: dict
+    before: dict
+    after: dict
+    ref: float
+    drift: float
+    accepted: bool
+
+
+@dataclasses.dataclass
+class _Session:
+    """A case being run: what an earlier session wrote and what this one adds, rewritten whole (and
+    atomically) after every run and every λ_ref search."""
+
+    case: results.Case
+    meta: dict
+    runs: list
+    attempts: list
+    calibration: list
+    requests: list
+    steps: list
+
+    @property
+    def lambdas(self) -> dict:
+        return self.meta["lambda_ref_real"]
+
+    def write(self) -> None:
+        """The five tables, then the provenance (which names what they hold)."""
+        self.case.write(
+            runs=pd.DataFrame(self.runs),
+            requests=pd.concat(self.requests, ignore_index=True) if self.requests else pd.DataFrame(),
+            calibration=pd.DataFrame(self.calibration),
+            steps=pd.concat(self.steps, ignore_index=True) if self.steps else pd.DataFrame(),
+            attempts=pd.DataFrame(self.attempts), meta=self.meta)
 
 
 def _steps_frame(info: dict) -> pd.DataFrame:
@@ -179,292 +286,310 @@ def _engine_max_model_len(info: dict) -> float:
     return float(value) if value is not None else np.nan
 
 
-def _load_case(out: Path, tag: str, backend_name: str, policies, region: str) -> dict:
-    """What an earlier (stopped) run of this case wrote, to resume it; empty when there is none."""
-    runs_path = out / f"{tag}_runs.parquet"
-    meta_path = out / f"{tag}.json"
-    if not runs_path.exists() and not meta_path.exists():
-        return {}
-    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
-    case = meta.get("case", {})
-    if "guard" not in case:
-        raise ValueError(f"{runs_path.parent / tag}_* was written before the guarded case (no "
-                         f"repetitions or host probes): use another tag, or resume=False to overwrite it")
-    if (meta.get("backend") != backend_name or case.get("policies") != list(policies)
-            or case.get("region") != region):
-        raise ValueError(f"{meta_path} is a different case (backend {meta.get('backend')!r}, policies "
-                         f"{case.get('policies')}, region {case.get('region')!r}): use another tag, or "
-                         f"resume=False to overwrite it")
-
-    def read(name):
-        path = out / f"{tag}_{name}.parquet"
-        return pd.read_parquet(path) if path.exists() else pd.DataFrame()
-
-    return {"meta": meta, "runs": read("runs"), "requests": read("requests"),
-            "calibration": read("calibration"), "steps": read("steps"), "attempts": read("attempts")}
-
-
-def run_case(backend_name, *, n_per_source: int = 10, sources=CASE_SOURCES,
-             policies=CASE_POLICIES, region: str = CASE_REGION, speed_ratio: float = 1.0,
-             bracket_factor: float = 8.0, max_widenings: int = 3, bisection_steps: int = 5,
-             repetitions: int = 2, guard: bool = True, drift_tolerance: float = 0.15,
-             max_retries: int = 2, reference_probes: int = 3, retry_wait_s: float = 0.0,
-             resume: bool = True, time_budget_s: float | None = None, tag: str | None = None,
-             data_dir: Path | None = None, progress: bool = True, windows=None,
-             lambda_refs: dict | None = None, lambda_policy: str = "fifo",
-             probe_warmup: int = PROBE_WARMUP, probe_repeats: int = PROBE_REPEATS,
-             adapt_bracket: float | None = None, **engine_kwargs) -> pd.DataFrame:
-    """Calibrate and replay the case on a real engine, guarded against a slow host; returns the
-    per-run table (one row per window × policy × repetition).
-
-    ``backend_name``: ``"vllm"`` or ``"transformers"`` (or any object with ``replay`` and ``probe``
-    functions, as the tests pass). λ_ref on the real engine is bracketed around ``speed_ratio`` × the
-    simulator's λ_ref (a real engine that serves a request ``r`` times slower than the simulator's
-    1 ms per token has its knee about ``r`` times lower), within a factor ``bracket_factor`` either
-    way, widened up to ``max_widenings`` times when the knee is outside, then bisected
-    ``bisection_steps`` times (:func:`find_real_lambda_ref`), replaying ``lambda_policy`` (FIFO; the
-    study's own real-system search replayed ``vllm_faithful``). ``adapt_bracket`` (a factor, e.g. 2):
-    once a source has searched windows, its next windows are bracketed within that factor of the
-    simulator's λ_ref × the median real/simulated λ_ref ratio of that source so far (a narrower
-    bracket, fewer replays; widened as before when the knee is outside it).
-
-    **Host guard** (``guard=True``): at the start, a reference probe per policy (the median wall time
-    of ``reference_probes`` runs of the backend's ``probe``: a fixed 8-request batch on that
-    policy's engine; measured again, up to three rounds, while those probes disagree by more than
-    the tolerance, and the most consistent round kept); then a probe before and after every run. A
-    run whose probes drift by more than ``drift_tolerance`` (relative) from the reference is re-run,
-    at most ``max_retries`` times (``retry_wait_s`` apart); when every attempt drifted the
-    least-drifting one is kept with ``host_flagged=True``. Every run stores its probe figures (:data:`GUARD_COLUMNS`); every attempt
-    also goes to ``<tag>_attempts.parquet`` (``accepted``: within tolerance, ``kept``: the run
-    table's). When a resumed case's new reference is slower than the stored one by more than the
-    tolerance, the stored one is kept (the host is slow now). Each probe replays the batch
-    ``probe_warmup`` times untimed and ``probe_repeats`` times timed (the median counts).
-
-    ``repetitions`` runs of each (window, policy) (column ``repetition``), interleaved in time, show
-    the run-to-run noise floor. Written under ``data/results/realengine/``: ``<tag>_runs``,
-    ``<tag>_requests`` (per request, with ``refused``, and where the backend records them
-    ``submit_s``, the replay loop's clock when the request was added to the engine, and
-    ``submit_step``, the first step that could schedule it), ``<tag>_steps`` (every attempt's engine
-    steps: start, duration, running, waiting, and what the backend records — prefill tokens, decode
-    sequences, context tokens, scheduler time, and on vLLM the requests of the step with their
-    tokens, ``scheduled``), ``<tag>_calibration`` (λ search probes),
-    ``<tag>_attempts`` (Parquet) and ``<tag>.json`` (provenance, the case's parameters, probe
-    references, each window's λ_ref).
-
-    **Shared λ_ref** (``lambda_refs``): a ``{window_id: entry}`` mapping of real-engine λ_ref searches
-    already made by another case on the same engine and settings (that case's ``lambda_ref_real``,
-    each entry with ``lambda``, ``pinned``, ``pinned_side``, ``probes`` and ``from``, the case it came
-    from). Those windows are not searched again: the search replays FIFO on the engine built from the
-    same ``engine_kwargs``, so it would look for the same knee. The entry is stored as given.
-
-    **Resume**: everything is rewritten (atomically) after every run and every calibration, and a case
-    restarted with the same tag (``resume=True``) skips the (window, policy, repetition) runs and the
-    λ_ref searches it already has, so a stop — or ``time_budget_s`` — loses at most the run (or λ_ref
-    search) in progress. Windows are taken in manifest order, interleaving sources, so a partial run
-    covers every source.
-    """
-    import time
-
-    from tqdm.auto import tqdm
-
-    mod = backend(backend_name) if isinstance(backend_name, str) else backend_name
-    name = backend_name if isinstance(backend_name, str) else getattr(mod, "ENGINE", "custom")
-    probe = getattr(mod, "probe", None) if guard else None
-    if guard and probe is None:
+def _backend_of(config: CaseConfig):
+    """``(module, name, probe)`` of the case's backend (``probe``: None without the host guard)."""
+    mod = backend(config.backend) if isinstance(config.backend, str) else config.backend
+    name = config.backend if isinstance(config.backend, str) else getattr(mod, "ENGINE", "custom")
+    probe = getattr(mod, "probe", None) if config.guard else None
+    if config.guard and probe is None:
         raise ValueError(f"backend {name!r} has no probe(): pass guard=False")
-    tag = tag or f"{name}_case"
-    if windows is None:
-        per_source = [store.load_windows(data_dir, s)[:n_per_source] for s in sources]
-        windows = [w for group in zip(*per_source) for w in group]
-    windows = list(windows)
-    out = realengine_dir(data_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    if config.guard and (int(config.probe_warmup), int(config.probe_repeats)) != (PROBE_WARMUP, PROBE_REPEATS):
+        probe = functools.partial(probe, warmup=int(config.probe_warmup), repeats=int(config.probe_repeats))
+    return mod, name, probe
 
-    old = _load_case(out, tag, name, policies, region) if resume else {}
-    meta_old = old.get("meta", {})
-    if meta_old and meta_old["case"].get("lambda_policy", "fifo") != lambda_policy:
-        raise ValueError(f"{tag}: its λ_ref searches replayed {meta_old['case'].get('lambda_policy', 'fifo')!r}, "
-                         f"not {lambda_policy!r}: use another tag, or resume=False to overwrite it")
-    runs = old["runs"].to_dict("records") if len(old.get("runs", ())) else []
-    attempts = old["attempts"].to_dict("records") if len(old.get("attempts", ())) else []
-    calibration = old["calibration"].to_dict("records") if len(old.get("calibration", ())) else []
-    requests = [old["requests"]] if len(old.get("requests", ())) else []
-    steps = [old["steps"]] if len(old.get("steps", ())) else []
-    lambdas: dict = dict(meta_old.get("lambda_ref_real", {}))
-    for wid, entry in (lambda_refs or {}).items():
+
+def _case_windows(config: CaseConfig) -> list:
+    if config.windows is not None:
+        return list(config.windows)
+    per_source = [store.load_windows(config.data_dir, s)[:config.n_per_source] for s in config.sources]
+    return [w for group in zip(*per_source) for w in group]
+
+
+def _stored_case(case: results.Case, config: CaseConfig, name: str) -> dict | None:
+    """The provenance of what an earlier (stopped) session of this case wrote, to resume it; None
+    when there is none. Refuses a case written before the guard, or another case under the tag."""
+    if not case.has("runs") and not case.has("meta"):
+        return None
+    meta = case.provenance
+    settings = meta.get("case", {})
+    if "guard" not in settings:
+        raise ValueError(f"{case.folder / case.tag}_* was written before the guarded case (no "
+                         f"repetitions or host probes): use another tag, or resume=False to overwrite it")
+    if (meta.get("backend") != name or settings.get("policies") != list(config.policies)
+            or settings.get("region") != config.region):
+        raise ValueError(f"{case.path('meta')} is a different case (backend {meta.get('backend')!r}, policies "
+                         f"{settings.get('policies')}, region {settings.get('region')!r}): use another tag, or "
+                         f"resume=False to overwrite it")
+    if settings.get("lambda_policy", "fifo") != config.lambda_policy:
+        raise ValueError(f"{case.tag}: its λ_ref searches replayed {settings.get('lambda_policy', 'fifo')!r}, "
+                         f"not {config.lambda_policy!r}: use another tag, or resume=False to overwrite it")
+    return meta
+
+
+def _lambda_refs(stored: dict, shared: dict | None) -> dict:
+    """The case's λ_ref entries: those it searched, then those shared by another case."""
+    lambdas = dict(stored)
+    for wid, entry in (shared or {}).items():
         if wid not in lambdas:
             if not (isinstance(entry, dict) and float(entry.get("lambda", 0)) > 0 and entry.get("from")):
                 raise ValueError(f"lambda_refs[{wid!r}] = {entry!r}: expected a dict with a positive "
                                  "'lambda' and 'from' (the case it was searched in)")
             lambdas[wid] = dict(entry)
+    return lambdas
+
+
+def _open_session(config: CaseConfig, name: str, windows: list, resume: bool) -> tuple[_Session, list]:
+    """The case's session (resumed from its files when ``resume``) and its plan: the (window,
+    repetition, policy) runs still to do, in order."""
+    case = results.Case(config.tag or f"{name}_case", config.data_dir)
+    case.folder.mkdir(parents=True, exist_ok=True)
+    stored = _stored_case(case, config, name) if resume else None
+    meta_old = stored or {}
+
+    def stored_part(part):
+        return getattr(case, part) if stored is not None else None
+
+    def rows(part):
+        frame = stored_part(part)
+        return frame.to_dict("records") if frame is not None and len(frame) else []
+
+    def frames(part):
+        frame = stored_part(part)
+        return [frame] if frame is not None and len(frame) else []
+
+    runs = rows("runs")
+    lambdas = _lambda_refs(meta_old.get("lambda_ref_real", {}), config.lambda_refs)
     done = {tuple(r[k] for k in RUN_KEY) for r in runs}
-    plan = [(w, rep, policy) for w in windows for rep in range(repetitions) for policy in policies
+    plan = [(w, rep, policy) for w in windows for rep in range(config.repetitions) for policy in config.policies
             if (w.window_id, policy, rep) not in done]
-    if old:
-        print(f"resuming {tag}: {len(runs)} runs done, {len(plan)} to go", flush=True)
+    if stored is not None:
+        print(f"resuming {case.tag}: {len(runs)} runs done, {len(plan)} to go", flush=True)
     meta = {
         "backend": name,
-        "case": {"policies": list(policies), "region": region, "sources": list(sources),
-                 "n_per_source": n_per_source, "speed_ratio": speed_ratio,
-                 "bracket_factor": bracket_factor, "max_widenings": max_widenings,
-                 "bisection_steps": bisection_steps, "repetitions": repetitions, "guard": bool(guard),
-                 "adapt_bracket": adapt_bracket,
-                 "lambda_policy": lambda_policy,
-                 "drift_tolerance": drift_tolerance, "max_retries": max_retries,
-                 "reference_probes": reference_probes, "retry_wait_s": retry_wait_s},
+        "case": config.settings(),
         "probe": {"requests": PROBE_REQUESTS, "prompt_tokens": PROBE_PROMPT_TOKENS,
-                  "output_tokens": PROBE_OUTPUT_TOKENS, "arrival_s": 0.0, "warmup": int(probe_warmup),
-                  "repeats": int(probe_repeats)},
-        "engine_kwargs": {k: repr(v) for k, v in engine_kwargs.items() if k != "model"},
+                  "output_tokens": PROBE_OUTPUT_TOKENS, "arrival_s": 0.0, "warmup": int(config.probe_warmup),
+                  "repeats": int(config.probe_repeats)},
+        "engine_kwargs": {k: repr(v) for k, v in config.engine_kwargs.items() if k != "model"},
         "environment": meta_old.get("environment", {}),
         "engine_info": meta_old.get("engine_info", {}),
         "probe_reference": dict(meta_old.get("probe_reference", {})),
         "lambda_ref_real": lambdas,
         "sessions": list(meta_old.get("sessions", [])) + [
-            {"started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-             "runs_before": len(runs), "max_retries": max_retries, "retry_wait_s": retry_wait_s}],
+            {"started": _now(), "runs_before": len(runs), "max_retries": config.max_retries,
+             "retry_wait_s": config.retry_wait_s}],
     }
+    session = _Session(case, meta, runs, rows("attempts"), rows("calibration"), frames("requests"), frames("steps"))
+    return session, plan
 
-    def write():
-        _write_case(out, tag, runs, requests, calibration, steps, attempts, meta)
 
-    if guard and (int(probe_warmup), int(probe_repeats)) != (PROBE_WARMUP, PROBE_REPEATS):
-        probe = functools.partial(probe, warmup=int(probe_warmup), repeats=int(probe_repeats))
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
-    def bracket_guess(w) -> tuple[float, float]:
-        """The search's first guess and bracket factor for window ``w``."""
-        sim = float(w.meta.get("paper_lambda_ref", 1.0))
-        if adapt_bracket:
-            ratios = [float(e["lambda"]) / float(ws.meta.get("paper_lambda_ref", 1.0))
-                      for ws in windows if ws.source == w.source and ws.window_id in lambdas
-                      for e in (lambdas[ws.window_id],) if not e.get("pinned")]
-            if ratios:
-                return sim * float(np.median(ratios)), float(adapt_bracket)
-        return sim * speed_ratio, bracket_factor
 
-    if not plan:
-        return pd.DataFrame(runs)
-
-    t_start = time.perf_counter()
+def _reference_probes(config: CaseConfig, session: _Session, probe) -> dict[str, float]:
+    """The host guard's reference probe wall time per policy (see :class:`CaseConfig`): measured in
+    up to three rounds until the probes agree, the most consistent round kept; a resumed case keeps
+    its stored reference when the host is slower now. Recorded in the provenance and written."""
+    kw, tolerance = config.engine_kwargs, config.drift_tolerance
     refs: dict[str, float] = {}
-    if guard:
-        for policy in policies:
-            # a reference taken on a noisy host is no reference: up to 3 rounds, until its probes agree
-            rounds = []
-            for k in range(3):
-                walls = [float(probe(policy, **engine_kwargs)["wall_s"]) for _ in range(reference_probes)]
-                spread = max(walls) / min(walls) - 1 if min(walls) > 0 else math.inf
-                rounds.append((spread, walls))
-                if spread <= drift_tolerance:
-                    break
-                print(f"host probe for {policy}: reference probes {', '.join(f'{x:.3f}' for x in walls)} s "
-                      f"disagree by {spread:.0%}; the host is noisy" + ("; measuring again" if k < 2 else ""),
-                      flush=True)
-                if k < 2 and retry_wait_s:
-                    time.sleep(retry_wait_s)
-            spread, walls = min(rounds, key=lambda r: r[0])
-            ref = float(np.median(walls))
-            stored = meta["probe_reference"].get(policy, {}).get("wall_s")
-            kept_stored = stored is not None and ref > stored * (1 + drift_tolerance)
-            if kept_stored:
-                print(f"host probe for {policy}: {ref:.3f} s now vs {stored:.3f} s at the case's start "
-                      f"(+{ref / stored - 1:.0%}): the host is slow now; keeping the earlier reference",
-                      flush=True)
-            refs[policy] = float(stored) if kept_stored else ref
-            meta["probe_reference"][policy] = {
-                "wall_s": refs[policy], "probes_s": walls, "spread": spread, "rounds": len(rounds),
-                "kept_earlier": bool(kept_stored),
-                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-        write()
+    for policy in config.policies:
+        # a reference taken on a noisy host is no reference: up to 3 rounds, until its probes agree
+        rounds = []
+        for k in range(3):
+            walls = [float(probe(policy, **kw)["wall_s"]) for _ in range(config.reference_probes)]
+            spread = max(walls) / min(walls) - 1 if min(walls) > 0 else math.inf
+            rounds.append((spread, walls))
+            if spread <= tolerance:
+                break
+            print(f"host probe for {policy}: reference probes {', '.join(f'{x:.3f}' for x in walls)} s "
+                  f"disagree by {spread:.0%}; the host is noisy" + ("; measuring again" if k < 2 else ""),
+                  flush=True)
+            if k < 2 and config.retry_wait_s:
+                time.sleep(config.retry_wait_s)
+        spread, walls = min(rounds, key=lambda r: r[0])
+        ref = float(np.median(walls))
+        stored = session.meta["probe_reference"].get(policy, {}).get("wall_s")
+        kept_stored = stored is not None and ref > stored * (1 + tolerance)
+        if kept_stored:
+            print(f"host probe for {policy}: {ref:.3f} s now vs {stored:.3f} s at the case's start "
+                  f"(+{ref / stored - 1:.0%}): the host is slow now; keeping the earlier reference",
+                  flush=True)
+        refs[policy] = float(stored) if kept_stored else ref
+        session.meta["probe_reference"][policy] = {
+            "wall_s": refs[policy], "probes_s": walls, "spread": spread, "rounds": len(rounds),
+            "kept_earlier": bool(kept_stored), "date": _now()}
+    session.write()
+    return refs
 
-    bar = tqdm(total=len(plan), unit="run", desc=f"{tag} [{name}]", disable=not progress)
+
+def _bracket_guess(config: CaseConfig, lambdas: dict, windows: list, w) -> tuple[float, float]:
+    """The λ_ref search's first guess and bracket factor for window ``w``."""
+    sim = float(w.meta.get("paper_lambda_ref", 1.0))
+    if config.adapt_bracket:
+        ratios = [float(e["lambda"]) / float(ws.meta.get("paper_lambda_ref", 1.0))
+                  for ws in windows if ws.source == w.source and ws.window_id in lambdas
+                  for e in (lambdas[ws.window_id],) if not e.get("pinned")]
+        if ratios:
+            return sim * float(np.median(ratios)), float(config.adapt_bracket)
+    return sim * config.speed_ratio, config.bracket_factor
+
+
+def _window_lambda_ref(config: CaseConfig, session: _Session, replay, windows: list, w) -> dict:
+    """Window ``w``'s real-engine λ_ref entry: stored or shared, else searched now (and written)."""
+    cal = session.lambdas.get(w.window_id)
+    if cal is None:
+        guess, factor = _bracket_guess(config, session.lambdas, windows, w)
+        lam, p, pinned = find_real_lambda_ref(
+            w, replay, lo=guess / factor, hi=guess * factor,
+            steps=config.bisection_steps, bracket_factor=factor, max_widenings=config.max_widenings,
+            policy=config.lambda_policy, **config.engine_kwargs)
+        session.calibration += p
+        cal = session.lambdas[w.window_id] = {"lambda": lam, "pinned": bool(pinned),
+                                              "pinned_side": p[-1]["pinned_side"] if p else "",
+                                              "probes": len(p)}
+        session.write()
+    return cal
+
+
+def _guarded_replay(config: CaseConfig, mod, probe, refs: dict, scaled, policy: str, label: str) -> list[_Try]:
+    """Replay ``scaled`` under ``policy`` between two host probes, again while the probes drifted
+    (at most ``max_retries`` times); every attempt, in order."""
+    kw, guard = config.engine_kwargs, config.guard
+    tries = []
+    for attempt in range(config.max_retries + 1 if guard else 1):
+        before = probe(policy, **kw) if guard else {}
+        result, info = mod.replay(scaled, policy, **kw)
+        after = probe(policy, **kw) if guard else {}
+        if guard:
+            ref = refs[policy]
+            drift = max(abs(before["wall_s"] / ref - 1), abs(after["wall_s"] / ref - 1))
+        else:
+            ref = drift = np.nan
+        accepted = not guard or drift <= config.drift_tolerance
+        tries.append(_Try(attempt, result, info, before, after, ref, drift, accepted))
+        if accepted:
+            break
+        if attempt < config.max_retries:
+            print(f"{label}: host probe drifted {drift:.0%} (> {config.drift_tolerance:.0%}); re-running",
+                  flush=True)
+            if config.retry_wait_s:
+                time.sleep(config.retry_wait_s)
+    return tries
+
+
+def _run_row(config: CaseConfig, w, rep: int, policy: str, cal: dict, t: _Try, n_attempts: int,
+             flagged: bool) -> dict:
+    """One attempt's row of the case's runs (and attempts) table."""
+    lam = float(cal["lambda"])
+    result, info, before, after = t.result, t.info, t.before, t.after
+    return {"source": w.source, "window_id": w.window_id, "region": config.region,
+            "slo_multiplier": w.slo_multiplier, "policy": policy, "repetition": rep,
+            "lambda_ref_real": lam, "lambda_pinned": bool(cal.get("pinned", False)),
+            "lambda_ref_sim": w.meta.get("paper_lambda_ref", np.nan),
+            "load_factor": REGIONS[config.region] * lam, "wall_s": info.get("wall_s", np.nan),
+            "n_steps": int(result.n_steps), "n_preemptions": int(result.n_preemptions),
+            "mean_step_ms": info.get("mean_step_ms", np.nan),
+            "mean_schedule_ms": info.get("mean_schedule_ms", np.nan),
+            "max_model_len": _engine_max_model_len(info), "n_refused": len(set(info.get("rejected", ()))),
+            "probe_before_s": before.get("wall_s", np.nan),
+            "probe_after_s": after.get("wall_s", np.nan), "probe_ref_s": t.ref,
+            "probe_before_step_s": before.get("mean_step_s", np.nan),
+            "probe_after_step_s": after.get("mean_step_s", np.nan),
+            "drift": t.drift, "attempt": t.attempt, "n_attempts": n_attempts,
+            "host_flagged": flagged, **cell_metrics(result)}
+
+
+def _request_frame(w, rep: int, policy: str, t: _Try) -> pd.DataFrame:
+    """The kept attempt's requests, one row each (refused ones marked)."""
+    result, info = t.result, t.info
+    rejected = set(info.get("rejected", ()))
+    extra = {key: np.asarray(info[key]) for key in REQUEST_EXTRAS
+             if info.get(key) is not None and len(info[key]) == len(w)}
+    return pd.DataFrame({
+        "window_id": w.window_id, "policy": policy, "repetition": rep, "attempt": t.attempt,
+        "request_index": np.arange(len(w)),
+        "arrival_s": result.arrival_s, "deadline_s": result.deadline_s,
+        "input_tokens": result.input_tokens, "output_tokens": result.output_tokens,
+        "admit_s": result.admit_s, "first_token_s": result.first_token_s,
+        "finish_s": result.finish_s, "refused": np.isin(np.arange(len(w)), list(rejected)),
+        **extra})
+
+
+def _record(config: CaseConfig, session: _Session, w, rep: int, policy: str, cal: dict,
+            tries: list[_Try]) -> None:
+    """Every attempt of a run into the session: attempts and steps for each, and for the kept one
+    (the accepted one, else the least drifting, flagged) its run row, requests and environment."""
+    final = tries[-1] if tries[-1].accepted else min(tries, key=lambda t: t.drift)
+    for t in tries:
+        row = _run_row(config, w, rep, policy, cal, t, len(tries), not final.accepted)
+        is_final = t.attempt == final.attempt
+        session.attempts.append({**row, "accepted": bool(t.accepted), "kept": is_final})
+        frame = _steps_frame(t.info)
+        if len(frame):
+            for col, value in (("kept", is_final), ("attempt", t.attempt), ("repetition", rep),
+                               ("policy", policy), ("window_id", w.window_id)):
+                frame.insert(0, col, value)
+            session.steps.append(frame)
+        if is_final:
+            session.runs.append(row)
+            session.requests.append(_request_frame(w, rep, policy, t))
+            session.meta["environment"] = t.info.get("environment", session.meta["environment"])
+            session.meta["engine_info"] = {k: v for k, v in t.info.items()
+                                           if isinstance(v, (str, int, float, bool))}
+
+
+def run_case(config: CaseConfig, *, resume: bool = True, time_budget_s: float | None = None,
+             progress: bool = True) -> pd.DataFrame:
+    """Calibrate and replay the case of ``config`` on a real engine, guarded against a slow host;
+    returns the per-run table (one row per window × policy × repetition).
+
+    Phases: the session is opened (:func:`_open_session`: resumed from the case's files), the host
+    guard's reference probes are taken, then for each run still to do the window's λ_ref is searched
+    when not known yet, the window is compressed to the region's load and replayed between host
+    probes (re-run while they drift), and every attempt is recorded. When every attempt drifted the
+    least-drifting one is kept with ``host_flagged=True``; every attempt also goes to the case's
+    attempts (``accepted``: within tolerance, ``kept``: the run table's). When a resumed case's new
+    reference is slower than the stored one by more than the tolerance, the stored one is kept.
+
+    Written (:class:`portbench.results.Case`): runs, requests (per request, with ``refused``, and
+    where the backend records them ``submit_s``, the replay loop's clock when the request was added
+    to the engine, and ``submit_step``, the first step that could schedule it), steps (every
+    attempt's engine steps: start, duration, running, waiting, and what the backend records), the
+    λ search's probes (calibration), attempts, and the provenance (engine, versions, model shape,
+    hardware, date, the case's settings, probe references, each window's λ_ref).
+
+    **Resume**: everything is rewritten (atomically) after every run and every λ_ref search, and a
+    case restarted with the same tag (``resume=True``) skips the (window, policy, repetition) runs
+    and the λ_ref searches it already has, so a stop — or ``time_budget_s``, checked before each
+    run — loses at most the run (or λ_ref search) in progress.
+    """
+    from tqdm.auto import tqdm
+
+    mod, name, probe = _backend_of(config)
+    windows = _case_windows(config)
+    session, plan = _open_session(config, name, windows, resume)
+    if not plan:
+        return pd.DataFrame(session.runs)
+    t_start = time.perf_counter()
+    refs = _reference_probes(config, session, probe) if config.guard else {}
+    bar = tqdm(total=len(plan), unit="run", desc=f"{session.case.tag} [{name}]", disable=not progress)
     scaled_of: dict[str, Window] = {}
     for w, rep, policy in plan:
         if time_budget_s is not None and time.perf_counter() - t_start > time_budget_s:
-            print(f"time budget of {time_budget_s:.0f} s reached: stopping with {len(runs)} runs "
+            print(f"time budget of {time_budget_s:.0f} s reached: stopping with {len(session.runs)} runs "
                   f"(restart with the same tag to resume)", flush=True)
             break
-        cal = lambdas.get(w.window_id)
-        if cal is None:
-            guess, factor = bracket_guess(w)
-            lam, p, pinned = find_real_lambda_ref(
-                w, mod.replay, lo=guess / factor, hi=guess * factor,
-                steps=bisection_steps, bracket_factor=factor, max_widenings=max_widenings,
-                policy=lambda_policy, **engine_kwargs)
-            calibration += p
-            cal = lambdas[w.window_id] = {"lambda": lam, "pinned": bool(pinned),
-                                          "pinned_side": p[-1]["pinned_side"] if p else "",
-                                          "probes": len(p)}
-            write()
-        lam = float(cal["lambda"])
+        cal = _window_lambda_ref(config, session, mod.replay, windows, w)
         if w.window_id not in scaled_of:
-            scaled_of[w.window_id] = scale(w, REGIONS[region] * lam)
-        scaled = scaled_of[w.window_id]
-
-        tries = []
-        for attempt in range(max_retries + 1 if guard else 1):
-            before = probe(policy, **engine_kwargs) if guard else {}
-            result, info = mod.replay(scaled, policy, **engine_kwargs)
-            after = probe(policy, **engine_kwargs) if guard else {}
-            if guard:
-                ref = refs[policy]
-                drift = max(abs(before["wall_s"] / ref - 1), abs(after["wall_s"] / ref - 1))
-            else:
-                ref = drift = np.nan
-            accepted = not guard or drift <= drift_tolerance
-            tries.append((attempt, result, info, before, after, ref, drift, accepted))
-            if accepted:
-                break
-            if attempt < max_retries:
-                print(f"{w.window_id} {policy} rep {rep}: host probe drifted {drift:.0%} "
-                      f"(> {drift_tolerance:.0%}); re-running", flush=True)
-                if retry_wait_s:
-                    time.sleep(retry_wait_s)
-        final = tries[-1] if tries[-1][7] else min(tries, key=lambda t: t[6])
-        for attempt, result, info, before, after, ref, drift, accepted in tries:
-            rejected = set(info.get("rejected", ()))
-            row = {"source": w.source, "window_id": w.window_id, "region": region,
-                   "slo_multiplier": w.slo_multiplier, "policy": policy, "repetition": rep,
-                   "lambda_ref_real": lam, "lambda_pinned": bool(cal.get("pinned", False)),
-                   "lambda_ref_sim": w.meta.get("paper_lambda_ref", np.nan),
-                   "load_factor": REGIONS[region] * lam, "wall_s": info.get("wall_s", np.nan),
-                   "n_steps": int(result.n_steps), "n_preemptions": int(result.n_preemptions),
-                   "mean_step_ms": info.get("mean_step_ms", np.nan),
-                   "mean_schedule_ms": info.get("mean_schedule_ms", np.nan),
-                   "max_model_len": _engine_max_model_len(info), "n_refused": len(rejected),
-                   "probe_before_s": before.get("wall_s", np.nan),
-                   "probe_after_s": after.get("wall_s", np.nan), "probe_ref_s": ref,
-                   "probe_before_step_s": before.get("mean_step_s", np.nan),
-                   "probe_after_step_s": after.get("mean_step_s", np.nan),
-                   "drift": drift, "attempt": attempt, "n_attempts": len(tries),
-                   "host_flagged": not final[7], **cell_metrics(result)}
-            is_final = attempt == final[0]
-            attempts.append({**row, "accepted": bool(accepted), "kept": is_final})
-            frame = _steps_frame(info)
-            if len(frame):
-                for col, value in (("kept", is_final), ("attempt", attempt), ("repetition", rep),
-                                   ("policy", policy), ("window_id", w.window_id)):
-                    frame.insert(0, col, value)
-                steps.append(frame)
-            if is_final:
-                runs.append(row)
-                extra = {key: np.asarray(info[key]) for key in REQUEST_EXTRAS
-                         if info.get(key) is not None and len(info[key]) == len(w)}
-                requests.append(pd.DataFrame({
-                    "window_id": w.window_id, "policy": policy, "repetition": rep, "attempt": attempt,
-                    "request_index": np.arange(len(w)),
-                    "arrival_s": result.arrival_s, "deadline_s": result.deadline_s,
-                    "input_tokens": result.input_tokens, "output_tokens": result.output_tokens,
-                    "admit_s": result.admit_s, "first_token_s": result.first_token_s,
-                    "finish_s": result.finish_s, "refused": np.isin(np.arange(len(w)), list(rejected)),
-                    **extra}))
-                meta["environment"] = info.get("environment", meta["environment"])
-                meta["engine_info"] = {k: v for k, v in info.items()
-                                       if isinstance(v, (str, int, float, bool))}
-        write()
+            scaled_of[w.window_id] = scale(w, REGIONS[config.region] * float(cal["lambda"]))
+        tries = _guarded_replay(config, mod, probe, refs, scaled_of[w.window_id], policy,
+                                f"{w.window_id} {policy} rep {rep}")
+        _record(config, session, w, rep, policy, cal, tries)
+        session.write()
         bar.update(1)
     bar.close()
-    return pd.DataFrame(runs)
+    return pd.DataFrame(session.runs)
 
 
 #: Queue-length bins of :func:`scheduler_time` (left-closed; the last is open).
@@ -490,13 +615,3 @@ def scheduler_time(steps: pd.DataFrame, *, queue: str | None = None, bins=QUEUE_
            .reset_index())
     return out
 
-
-def _write_case(out: Path, tag: str, runs, requests, probes, steps, attempts, meta) -> None:
-    frames = {"runs": pd.DataFrame(runs),
-              "requests": pd.concat(requests, ignore_index=True) if requests else pd.DataFrame(),
-              "calibration": pd.DataFrame(probes),
-              "steps": pd.concat(steps, ignore_index=True) if steps else pd.DataFrame(),
-              "attempts": pd.DataFrame(attempts)}
-    for name, frame in frames.items():
-        store.atomic_write(out / f"{tag}_{name}.parquet", lambda p, f=frame: f.to_parquet(p, index=False))
-    store.atomic_write(out / f"{tag}.json", lambda p: p.write_text(json.dumps(meta, indent=1, default=str)))
