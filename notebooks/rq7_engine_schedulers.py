@@ -417,24 +417,22 @@ present.table(wide.rename(columns=lambda e: f"{e:.0%} error").rename_axis("polic
 # %%
 from IPython.display import Markdown, display
 
-from portbench import fidelity, store
+from portbench import fidelity, results, store
 from portbench.engine import StepCost
-from portbench.realengine.study import case_deltas, realengine_dir
+from portbench.realengine.study import case_deltas
 
 REAL_NEW = ("sjf_aging", "vllm_priority")
-real_dir = realengine_dir()
-real_runs_path = real_dir / f"{real_engine_run}_case_runs.parquet"
-real_cost_path = real_dir / f"{real_engine_cost}_cost.json"
+rq7_case = results.setup_case(real_engine_run) if real_engine_run else None
+rq6_case = results.setup_case(real_engine_cost)
 real_sentence = ("No real-engine run of these schedulers is on disk "
                  "(benchmarks/rq7_vllm_cpu.py makes one).")
-if real_engine_run and real_runs_path.exists() and real_cost_path.exists():
-    import json
-    real_runs = pd.read_parquet(real_runs_path)
-    real_requests = pd.read_parquet(real_dir / f"{real_engine_run}_case_requests.parquet")
+if rq7_case is not None and rq7_case.has("runs") and rq6_case.has("cost"):
+    real_runs = rq7_case.runs
+    real_requests = rq7_case.requests
     n_flagged = int(real_runs["host_flagged"].sum()) if "host_flagged" in real_runs else 0
     if exclude_host_flagged and "host_flagged" in real_runs:
         real_runs = real_runs[~real_runs["host_flagged"].astype(bool)]
-    real_cost = StepCost(**json.loads(real_cost_path.read_text())["cost"])
+    real_cost = StepCost(**rq6_case.cost["cost"])
     real_windows = {w.window_id: w for w in store.load_windows(window_ids=sorted(set(real_runs["window_id"])))}
     _, counterpart, _ = fidelity.sim_vs_real(real_runs, real_requests, real_windows, real_cost)
     counterpart = counterpart.rename(columns={"anwg_sim": "anwg"})
@@ -512,8 +510,8 @@ if real_engine_run and real_runs_path.exists() and real_cost_path.exists():
         f"real and simulated differences share their sign in {int(agree['same'].sum())} of "
         f"{len(agree)} (window, policy) pairs.")
     # the guard against the runs' own steps: each run's median step time ÷ the refitted cost's
-    all_runs = pd.read_parquet(real_runs_path)
-    steps = pd.read_parquet(real_dir / f"{real_engine_run}_case_steps.parquet")
+    all_runs = rq7_case.runs
+    steps = rq7_case.steps
     keys = ["window_id", "policy", "repetition"]
     ratio = fidelity.step_ratios(steps, real_cost).merge(
         all_runs[keys + ["host_flagged", "drift", "n_attempts"]], on=keys)
@@ -524,9 +522,9 @@ if real_engine_run and real_runs_path.exists() and real_cost_path.exists():
     glue("rq7_real_ratio_spread", float((pairs.max(axis=1) / pairs.min(axis=1) - 1).median()), display=False)
     glue("rq7_real_probe_drift", float(ratio["drift"].median()), display=False)
     glue("rq7_real_rerun", int((ratio["n_attempts"] > 1).sum()), display=False)
-    rq6_attempts = real_dir / f"{real_engine_cost}_case_attempts.parquet"
-    glue("rq7_rq6_rerun_accepted", float(pd.read_parquet(rq6_attempts).query("attempt > 0")["accepted"].mean())
-         if rq6_attempts.exists() else float("nan"), display=False)
+    rq6_attempts = rq6_case.attempts
+    glue("rq7_rq6_rerun_accepted", float(rq6_attempts.query("attempt > 0")["accepted"].mean())
+         if rq6_attempts is not None else float("nan"), display=False)
     glue("rq7_real_flagged", n_flagged, display=False)
     glue("rq7_real_noise", noise, display=False)
     glue("rq7_real_preemptions_sim", n_pre, display=False)
