@@ -172,8 +172,7 @@ def refit(tag: str, data_dir: Path | None = None) -> dict:
     there are any: the steps whose duration is known), whose contexts reach beyond the profile's."""
     from scipy.optimize import nnls
 
-    from ..engine.stepcost import StepCost
-    from ..fidelity import predicted_step_s
+    from ..engine.stepcost import StepCost, predicted_step_s
 
     case = results.setup_case(tag, data_dir)
     profile = case.profile
