@@ -110,7 +110,7 @@ warnings.filterwarnings("ignore", message="IProgress not found")   # tqdm in a n
 from portbench import present
 from portbench.book import pair_label, source_label
 from portbench.campaign import CampaignConfig, run_campaign
-from portbench.chapter import open_chapter
+from portbench.chapters import open_chapter
 from portbench.policies import PRIMARY_PANEL
 
 chapter = open_chapter(engine_model, results_path, output_dir, named_regions=(region,))

@@ -47,7 +47,7 @@ from myst_nb import glue
 
 from portbench import present, stats
 from portbench.book import engine_description, pair_label, source_label
-from portbench.chapter import open_chapter
+from portbench.chapters import open_chapter
 
 chapter = open_chapter(engine_model, results_path, output_dir, metric=metric, panel=panel,
                        named_regions=(posthoc_region,))

@@ -41,7 +41,7 @@ from myst_nb import glue
 
 from portbench import present, stats
 from portbench.book import source_label
-from portbench.chapter import open_chapter
+from portbench.chapters import open_chapter
 from portbench.metrics import METRICS
 
 chapter = open_chapter(engine_model, results_path, output_dir, panel=panel)

@@ -43,7 +43,7 @@ from myst_nb import glue
 
 from portbench import present, stats
 from portbench.book import source_label
-from portbench.chapter import open_chapter
+from portbench.chapters import open_chapter
 
 if not sizes or min(sizes) < 1:
     raise ValueError(f"sizes must be positive window counts, got {sizes}")

@@ -77,7 +77,7 @@ from myst_nb import glue
 from portbench import present
 from portbench.book import pair_label, source_label
 from portbench.campaign import load_results
-from portbench.realengine import reading
+from portbench.chapters import rq6 as reading
 from portbench.realengine.study import CASE_POLICIES, CASE_REGION, CaseConfig, run_case
 
 Path(output_dir).mkdir(parents=True, exist_ok=True)

@@ -61,7 +61,7 @@ from myst_nb import glue
 from portbench import present, stats
 from portbench.book import source_label
 from portbench.campaign import load_results, results_path as campaign_results_path
-from portbench.chapter import open_chapter
+from portbench.chapters import open_chapter
 from portbench.metrics import METRICS
 from portbench.policies import PRIMARY_PANEL, RQ7_POLICIES
 

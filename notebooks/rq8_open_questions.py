@@ -82,7 +82,7 @@ from myst_nb import glue
 from portbench import robust, stats
 from portbench.book import pair_label, source_label
 from portbench.campaign import engine_model as make_engine_model
-from portbench.chapter import open_chapter
+from portbench.chapters import open_chapter
 from portbench.open_questions import (METRIC_LABELS, SLO_KINDS, STUDY_WINDOW_SIZE, WEIGHTINGS,
                                       check_slo_kind, check_weighting, check_window_size,
                                       load_subwindow_results, per_parent)

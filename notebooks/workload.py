@@ -33,7 +33,7 @@ from myst_nb import glue
 
 from portbench import characterise, present, store
 from portbench.book import source_label
-from portbench.chapter import open_chapter
+from portbench.chapters import open_chapter
 
 chapter = open_chapter(engine_model, results_path, output_dir)
 windows = store.load_windows()

@@ -490,24 +490,6 @@ def executed_parameters(path: Path) -> dict:
 #: Folder (under the book's folder; generated, not committed) that holds the copies the site offers.
 DOWNLOADS = "downloads"
 
-#: What a real-engine file holds, by the end of its name (see data/README.md).
-REALENGINE_CONTENTS = (
-    ("_case_runs.parquet", "case runs: one row per (window, policy, repetition), real-engine and "
-                           "simulator λ_ref, the 11 metrics, host probes where guarded"),
-    ("_case_requests.parquet", "per request: arrival, deadline, tokens, admission, first-token and "
-                               "finish times"),
-    ("_case_calibration.parquet", "the real-engine λ_ref bisection probes (λ, FIFO violation rate)"),
-    ("_case_attempts.parquet", "every attempt of every guarded run, re-runs included"),
-    ("_case_steps.parquet", "every engine step of every attempt (duration, queue lengths, prefill "
-                            "tokens, decoding sequences, context tokens)"),
-    ("_step_profile.parquet", "engine step time against prefill tokens, decoding sequences and "
-                              "context tokens"),
-    ("_fit_by_range.parquet", "the refitted step-cost model's error by prefill/decode range"),
-    ("_cost.json", "the step-cost model refitted to the step profile"),
-    ("_tuning.json", "engine settings, probe settings and each window's real-engine λ_ref"),
-    ("_case.json", "provenance: engine and versions, model shape, hardware, date, case settings"),
-)
-
 #: Columns of the campaign tables that identify a condition (the means CSV averages over windows).
 CONDITION_COLUMNS = ("source", "region", "slo_multiplier", "prediction_error", "policy")
 
@@ -541,10 +523,10 @@ def condition_means_table(table):
 
 
 def _realengine_contents(name: str) -> str:
-    for end, what in REALENGINE_CONTENTS:
-        if name.endswith(end):
-            return what
-    return "provenance" if name.endswith(".json") else "real-engine results"
+    """What a real-engine file holds, said where its name is (:mod:`portbench.results`)."""
+    from .results import realengine_contents
+
+    return realengine_contents(name)
 
 
 def prepare_downloads(book_dir: Path = BOOK_DIR, data_dir: Path | None = None) -> list[dict]:
@@ -552,13 +534,12 @@ def prepare_downloads(book_dir: Path = BOOK_DIR, data_dir: Path | None = None) -
     of per-condition means beside each campaign table, and write ``downloads/files.md``: the table
     of links (with size and content) that the book's "Data downloads" page includes. Sphinx copies
     every linked file into the built site, so the links work offline. Returns one row per file."""
-    from .campaign import results_dir
+    from . import results
 
     book_dir = Path(book_dir)
     out = book_dir / DOWNLOADS
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    results = results_dir(data_dir)
     rows = []
 
     def add(src: Path, group: str, what: str, dest_name: str | None = None) -> None:
@@ -569,24 +550,21 @@ def prepare_downloads(book_dir: Path = BOOK_DIR, data_dir: Path | None = None) -
 
     import pandas as pd
 
-    for path in sorted(results.glob("campaign_*.parquet")):
-        stem = path.stem.removeprefix("campaign_")
-        engine, _, err = stem.partition("_prederr")
-        error = f"{float(err):.0%} prediction error" if err else "the study's 20% prediction error"
-        add(path, "campaign", f"every cell of engine model `{engine}`, {error}")
-        means = condition_means_table(pd.read_parquet(path))
-        means_path = out / f"condition_means_{stem}.csv"
+    for table in results.campaign_tables(data_dir):
+        error = (f"{table.prediction_error:.0%} prediction error" if table.prediction_error is not None
+                 else "the study's 20% prediction error")
+        add(table.path, "campaign", f"every cell of engine model `{table.engine}`, {error}")
+        means = condition_means_table(pd.read_parquet(table.path))
+        means_path = out / f"condition_means_{table.name}.csv"
         means.to_csv(means_path, index=False, float_format="%.6g")
-        add(means_path, "campaign", f"per-condition means of `{path.name}` ({len(means):,} conditions)")
-    for path in sorted(results.glob("lambda_ref_*.csv")):
-        add(path, "campaign", f"per window: λ_ref of engine model `{path.stem.removeprefix('lambda_ref_')}` "
-                              f"beside the study's")
-    real = results / "realengine"
-    for path in sorted(real.glob("*")) if real.exists() else ():
-        if path.is_file():
-            add(path, "real engine", _realengine_contents(path.name))
+        add(means_path, "campaign", f"per-condition means of `{table.path.name}` ({len(means):,} conditions)")
+    for table in results.lambda_tables(data_dir):
+        add(table.path, "campaign", f"per window: λ_ref of engine model `{table.name}` beside the study's")
+    for path in results.realengine_files(data_dir):
+        add(path, "real engine", _realengine_contents(path.name))
     if not rows:
-        raise FileNotFoundError(f"no campaign tables in {results}: run `portbench campaign` first")
+        raise FileNotFoundError(f"no campaign tables in {results.results_dir(data_dir)}: run `portbench "
+                                f"campaign` first")
     lines = []
     for group, title in (("campaign", "Campaign tables"), ("real engine", "Real-engine runs (vLLM, CPU build)")):
         mine = [r for r in rows if r["group"] == group]
@@ -638,12 +616,92 @@ def mixed_engine_models(book_dir: Path = BOOK_DIR) -> dict[str, list[str]]:
     return by_engine if len(by_engine) > 1 else {}
 
 
+def _last_seconds(path: Path) -> float:
+    """How long the executed notebook at ``path`` took to run last time (papermill's record in its
+    metadata; 0 when there is none)."""
+    import json
+
+    try:
+        with open(path) as f:
+            return float(json.load(f)["metadata"]["papermill"]["duration"] or 0.0)
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0.0
+
+
+def _cpu_seconds() -> float:
+    """CPU seconds of this process and of its children that have ended (a notebook's kernel)."""
+    import resource
+
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
+
+
+def _execute_timed(name: str, parameters: dict, out_dir: Path) -> dict:
+    """:func:`execute_notebook`, timed: its wall and CPU seconds (the kernel's included). In a worker
+    process a failure comes back as a ``RuntimeError`` naming the notebook (papermill's own errors
+    do not cross processes)."""
+    t0, c0 = time.perf_counter(), _cpu_seconds()
+    try:
+        execute_notebook(name, parameters, out_dir=out_dir)
+    except ParameterError:
+        raise
+    except Exception as exc:
+        raise RuntimeError(f"notebooks/{name}.py: {type(exc).__name__}: {exc}") from None
+    return {"wall": time.perf_counter() - t0, "cpu": _cpu_seconds() - c0}
+
+
+def execute_notebooks(names, plan: dict, *, out_dir: Path, jobs: int | None = None, progress: bool = True,
+                      timings: dict | None = None) -> None:
+    """Execute the notebooks ``names``, each with its parameters ``plan[name]``, into ``out_dir``,
+    ``jobs`` at a time in worker processes (default: one per core; 1: one after another, here), the
+    longest of the last build first so that the workers finish together. A failure stops the
+    notebooks not yet started and is raised when the running ones have ended. ``timings`` (a dict)
+    receives each notebook's ``{"wall": seconds, "cpu": seconds}``."""
+    import concurrent.futures as cf
+    import multiprocessing
+
+    names = list(names)
+    jobs = max(1, min(jobs or os.cpu_count() or 1, len(names)))
+    timings = {} if timings is None else timings
+    done = 0
+
+    def report(name: str, seconds: dict) -> None:
+        nonlocal done
+        done += 1
+        timings[name] = seconds
+        if progress:
+            print(f"[{done}/{len(names)}] notebooks/{name}.py done in {seconds['wall']:.1f} s", flush=True)
+
+    if jobs == 1:
+        for name in names:
+            if progress:
+                print(f"      executing notebooks/{name}.py ...", flush=True)
+            t0, c0 = time.perf_counter(), _cpu_seconds()
+            execute_notebook(name, plan[name], out_dir=out_dir)
+            report(name, {"wall": time.perf_counter() - t0, "cpu": _cpu_seconds() - c0})
+        return
+    order = sorted(names, key=lambda n: -_last_seconds(Path(out_dir) / f"{n}.ipynb"))
+    if progress:
+        print(f"executing {len(names)} notebooks, {jobs} at a time ...", flush=True)
+    with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {pool.submit(_execute_timed, name, plan[name], Path(out_dir)): name for name in order}
+        try:
+            for future in cf.as_completed(futures):
+                report(futures[future], future.result())
+        except BaseException:
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+
+
 def build_book(parameters: dict | None = None, notebooks=None, strict: bool = False,
-               progress: bool = True, book_dir: Path = BOOK_DIR) -> Path:
+               progress: bool = True, book_dir: Path = BOOK_DIR, jobs: int | None = None,
+               timings: dict | None = None) -> Path:
     """Execute the notebooks, then build the HTML; returns the path of the book's index page.
 
     Each parameter goes to every notebook that declares it; all are checked before anything runs.
     ``book_dir`` other than ``book/`` gets a copy of the book's pages first (tests build there).
+    The notebooks run ``jobs`` at a time (:func:`execute_notebooks`; default one per core);
+    ``timings`` (a dict) receives each notebook's wall and CPU seconds and the HTML build's (``"html"``).
     """
     book_dir = Path(book_dir)
     names = list(notebooks or available_notebooks())
@@ -652,15 +710,13 @@ def build_book(parameters: dict | None = None, notebooks=None, strict: bool = Fa
     if book_dir.resolve() != BOOK_DIR.resolve():
         shutil.copytree(BOOK_DIR, book_dir, dirs_exist_ok=True,
                         ignore=shutil.ignore_patterns("_build", "executed", "figures", DOWNLOADS))
-    for k, name in enumerate(names, 1):
-        t0 = time.perf_counter()
-        if progress:
-            print(f"[{k}/{len(names)}] executing notebooks/{name}.py ...", flush=True)
-        execute_notebook(name, plan[name], out_dir=book_dir / "executed")
-        if progress:
-            print(f"      done in {time.perf_counter() - t0:.1f} s", flush=True)
+    timings = {} if timings is None else timings
+    execute_notebooks(names, plan, out_dir=book_dir / "executed", jobs=jobs, progress=progress, timings=timings)
     mixed = mixed_engine_models(book_dir)
     if mixed:
         print("note: the book's chapters were executed with different engine models: "
               + "; ".join(f"{e}: {', '.join(ns)}" for e, ns in mixed.items()), file=sys.stderr)
-    return build_html(strict, book_dir=book_dir, quiet=not progress)
+    t0, c0 = time.perf_counter(), _cpu_seconds()
+    index = build_html(strict, book_dir=book_dir, quiet=not progress)
+    timings["html"] = {"wall": time.perf_counter() - t0, "cpu": _cpu_seconds() - c0}
+    return index

@@ -5,6 +5,17 @@ from __future__ import annotations
 import argparse
 
 
+
+def _positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
 def _campaign(args) -> int:
     from . import store
     from .campaign import CampaignConfig, results_are_current, results_path, run_campaign
@@ -167,7 +178,8 @@ def _book(args) -> int:
     t0 = time.perf_counter()
     index = book.build_book(params, notebooks=args.notebooks, strict=args.strict,
                             progress=not args.quiet,
-                            book_dir=Path(args.book_dir) if args.book_dir else book.BOOK_DIR)
+                            book_dir=Path(args.book_dir) if args.book_dir else book.BOOK_DIR,
+                            jobs=args.jobs)
     print(f"\nThe book is at {index} (notebooks and HTML in {time.perf_counter() - t0:.1f} s)")
     return 0
 
@@ -271,6 +283,8 @@ def register(sub) -> None:
     p.add_argument("--skip-campaign", action="store_true", help="use the results table as it is")
     p.add_argument("--strict", action="store_true", help="Sphinx warnings are errors")
     p.add_argument("--book-dir", help="build in this folder (a copy of book/'s pages) instead of book/")
+    p.add_argument("--jobs", type=_positive_int, default=None,
+                   help="notebooks executed at once (default: one per core; 1: one after another)")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=_book)
 

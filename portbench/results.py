@@ -7,7 +7,8 @@
 - **RQ8 tables**: ``rq8_<engine>_n<size>.parquet``, with their stamps.
 - **Shard caches** of both campaigns, ``cache/<engine>[_prederr<e>]/`` and
   ``cache/rq8_<engine>_n<size>/``: one Parquet file per finished piece of work (:class:`ShardCache`).
-- **The fidelity chapter's stored results**, ``fidelity/`` and ``cache/fidelity/`` (:func:`fidelity_dir`).
+- **The book's stored computations**, ``fidelity/``, ``reference/`` and their ``cache/`` twins
+  (:func:`stored_dir`, :func:`stored_part_path`; kept current by :mod:`portbench.stored`).
 - **Real-engine cases**, ``realengine/<tag>_*`` (:class:`Case`): a case's runs, requests, steps,
   attempts and λ_ref search, its provenance (``<tag>.json``), its simulated counterparts, and the
   files of the engine set-up it ran on (step profile, tuning, refitted step cost).
@@ -82,10 +83,21 @@ def subwindow_cache_dir(engine: str, window_size: int, data_dir: Path | None = N
     return results_dir(data_dir) / "cache" / f"rq8_{engine}_n{int(window_size)}"
 
 
-def fidelity_dir(data_dir: Path | None = None, *, committed: bool = True) -> Path:
-    """The fidelity chapter's stored results: ``fidelity/`` for the book's own parameters
-    (committed), ``cache/fidelity/`` for any other (:mod:`portbench.fidelity.stored`)."""
-    return results_dir(data_dir) / ("fidelity" if committed else "cache/fidelity")
+def stored_dir(folder: str, data_dir: Path | None = None, *, committed: bool = True) -> Path:
+    """The stored results of one book computation family (``fidelity``, ``reference``):
+    ``<folder>/`` for the book's own parameters (committed), ``cache/<folder>/`` for any other
+    (:mod:`portbench.stored`)."""
+    return results_dir(data_dir) / (folder if committed else f"cache/{folder}")
+
+
+def stored_part_path(folder: Path, name: str, part: str) -> Path:
+    """One table (``part``) of stored result ``name`` in ``folder``: ``<name>.<part>.parquet``."""
+    return Path(folder) / f"{name}.{part}.parquet"
+
+
+def stored_parts(folder: Path, name: str = "*") -> list[Path]:
+    """The files of stored result ``name`` (every stored result's, by default) in ``folder``."""
+    return sorted(Path(folder).glob(f"{name}.*.parquet"))
 
 
 def stamp_path(table_path: Path) -> Path:

@@ -3,7 +3,7 @@
 import pandas as pd
 import pytest
 
-from portbench.chapter import Chapter, campaign_table, check_metric, check_region, open_chapter
+from portbench.chapters import Chapter, campaign_table, check_metric, check_region, open_chapter
 from portbench.policies import PRIMARY_PANEL
 from portbench.regions import REGIONS
 

@@ -3,11 +3,16 @@
 The package's parts, each importable on its own (this module re-exports their names):
 
 - :mod:`.headline`: headline numbers per engine model, and the head-of-line ablation;
-- :mod:`.cases`: a real-engine case by its tag, and the step log's common readings;
-- :mod:`.stepcost`: the step-cost models fitted to a step log, cross-validated by window;
+- :mod:`.cases`: a real-engine case by its tag (the step log's readings and the step-cost models
+  fitted to it are in :mod:`portbench.engine.stepcost`);
 - :mod:`.counterpart`: each real run's simulated counterpart, its per-request errors, like for like;
 - :mod:`.schedules`: a real run replayed with its own step times, compared step by step, classed;
-- :mod:`.slai_clock`: the step length the real SLAI scheduler counts Θ in, and SLAI timed by it.
+- :mod:`.slai_clock`: the step length the real SLAI scheduler counts Θ in, and SLAI timed by it;
+- :mod:`.tables`: the chapter's heavy computations, each a stored result (:mod:`portbench.stored`)
+  under ``data/results/fidelity/``, recomputed only when its inputs or code change.
+
+The chapter's own readings of these (its sections, tables and figures) are in
+:mod:`portbench.chapters.fidelity`.
 
 The real engine's own repeatability, beside which every per-request figure is read, is
 :mod:`portbench.repeatability`.

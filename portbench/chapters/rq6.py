@@ -19,7 +19,7 @@ import pandas as pd
 
 from .. import present, results, stats, store
 from ..book import pair_label, source_label
-from .study import CASE_POLICIES, CASE_REGION, CASE_SOURCES, case_deltas
+from ..realengine.study import CASE_POLICIES, CASE_REGION, CASE_SOURCES, case_deltas
 
 #: The original study's reported GPU result (vLLM 0.27.1, Qwen2.5-0.5B, one A100; mean SLAI − vLLM
 #: ANWG per source over 40 windows), typed from the study, for comparison only.

@@ -1,4 +1,10 @@
-"""What a chapter notebook starts from: its parameters checked, the campaign table read, what it holds.
+"""The book's chapters' code: what every chapter starts from (here), and each long chapter's readings.
+
+A chapter notebook reads, calls this package and shows; what it computes lives here, one module per
+chapter that needs one (:mod:`.fidelity` and :mod:`.fidelity_cases` with :mod:`.fidelity_figures`,
+the fidelity chapter; :mod:`.rq6`, the real-engine chapter). They read the analysis layer's results
+(:mod:`portbench.fidelity`, :mod:`portbench.stats`, :mod:`portbench.results`) and format them with
+:mod:`portbench.present`.
 
 Every chapter that reads the campaign begins the same way: check the metric it ranks by and any
 region it names, resolve its panel of policies, make its output folder, read the campaign table of
@@ -21,11 +27,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .book import resolve_panel
-from .campaign import load_results
-from .metrics import METRICS
-from .regions import REGIONS
-from .workload import PREDICTION_RELATIVE_ERROR
+from ..book import resolve_panel
+from ..campaign import load_results
+from ..metrics import METRICS
+from ..regions import REGIONS
+from ..workload import PREDICTION_RELATIVE_ERROR
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
