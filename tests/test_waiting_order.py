@@ -115,7 +115,7 @@ def test_the_views_waiting_array_follows_any_queue_change():
     # The view brings its array of the waiting queue up to date from the engine's log of changes
     # where it can (departures from the front, joins at the back) and converts the list otherwise:
     # either way it is the queue as it stands, after any mix of changes.
-    from portbench.sim import _follow_queue
+    from portbench.engine.api import _follow_queue
     rng = np.random.default_rng(11)
     queue, arr, nxt = [], np.zeros(0, dtype=np.int64), 0
     for _ in range(3000):
