@@ -13,17 +13,22 @@ excluded) are printed beside ``vllm_v1``'s and ``lssp``'s on the same runs.
 Configurations (``--configs``):
 
 - ``campaign``: the campaign's ``vllm_v1`` limits (2,048-token budget, 64 sequences, 131,072 KV
-  tokens), vLLM 0.32's defaults otherwise (full-sequence KV reservation at admission);
-- ``campaign_first_chunk``: the same with vLLM's admission asking for the first chunk's blocks only
-  (``reserve_full_isl=False``, vllm_v1's rule), which leaves the other classes;
+  tokens), vLLM 0.32's defaults otherwise (full-sequence KV reservation at admission, which
+  ``vllm_v1`` has too);
+- ``campaign_first_chunk``: the same with both admitting on the first chunk's blocks only
+  (``reserve_full_isl=False``, vLLM before 0.32's option);
 - ``study``: the study's real-system configuration: 32,768-token budget, chunked prefill off (vLLM;
   vllm_v1 always chunks), ``max_model_len`` 32,768, at most 32 requests running (the study's 32
-  client threads, as an engine cap here), 500,000 KV tokens, first-chunk admission;
-- ``long_prefill``: the campaign's with ``long_prefill_token_threshold`` 256, first-chunk admission.
+  client threads, as an engine cap here), 500,000 KV tokens;
+- ``long_prefill``: the campaign's with ``long_prefill_token_threshold`` 256.
 
 Runs in the vLLM environment (``.venv-vllm/bin/python benchmarks/native_vs_model.py``); vLLM's
 scheduler and ``vllm_v1``'s numba loops share one process (only building a whole vLLM engine clashes
-with numba). ``--out FILE.csv`` writes one row per run.
+with numba). ``--out FILE.csv`` writes one row per run; ``--save`` writes them where the fidelity
+chapter reads them (:func:`portbench.results.native_check_path`):
+
+    .venv-vllm/bin/python benchmarks/native_vs_model.py --windows-per-source 0 --configs campaign study \
+        long_prefill --policies fifo edf vllm_priority --no-lssp --save
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from portbench import store  # noqa: E402
+from portbench import results, store  # noqa: E402
 from portbench.engine import LsspModel, simulate  # noqa: E402
 from portbench.engine import vllm_native as nat  # noqa: E402
 from portbench.policies import make_policy  # noqa: E402
@@ -52,10 +57,10 @@ STAMPS = ("admit_s", "first_token_s", "finish_s")
 #: name -> (limits for both models, vLLM-only options)
 CONFIGS = {
     "campaign": ({}, {}),
-    "campaign_first_chunk": ({}, {"reserve_full_isl": False}),
+    "campaign_first_chunk": ({"reserve_full_isl": False}, {}),
     "study": ({"max_num_batched_tokens": 32768, "max_active_sequences": 32, "max_kv_tokens": 500_000},
-              {"enable_chunked_prefill": False, "max_model_len": 32768, "reserve_full_isl": False}),
-    "long_prefill": ({"long_prefill_token_threshold": 256}, {"reserve_full_isl": False}),
+              {"enable_chunked_prefill": False, "max_model_len": 32768}),
+    "long_prefill": ({"long_prefill_token_threshold": 256}, {}),
 }
 
 
@@ -120,6 +125,8 @@ def main(argv=None) -> int:
     ap.add_argument("--regions", nargs="+", default=list(REGIONS), choices=list(REGIONS))
     ap.add_argument("--no-lssp", action="store_true", help="do not time the lssp model")
     ap.add_argument("--out", type=Path, help="write one row per run (CSV)")
+    ap.add_argument("--save", action="store_true",
+                    help="write the rows where the fidelity chapter reads them (data/results/native_vs_model.csv)")
     args = ap.parse_args(argv)
 
     nat.require_vllm()
@@ -182,9 +189,11 @@ def main(argv=None) -> int:
                 print(f"      e.g. {wid} {region}, step {step}: {detail}")
             speeds = "  ".join(f"{name} {n_req / s:,.0f} req/s" for name, s in wall.items())
             print(f"  speed ({n_req:,} simulated requests): {speeds}")
-    if args.out:
-        pd.DataFrame(rows).to_csv(args.out, index=False)
-        print(f"\nwrote {args.out}")
+    out = results.native_check_path() if args.save else args.out
+    if out:
+        frame = pd.DataFrame(rows)
+        store.atomic_write(Path(out), lambda p: frame.to_csv(p, index=False))
+        print(f"\nwrote {out}")
     return 0
 
 

@@ -66,10 +66,16 @@ class CampaignConfig:
     prediction_error: float = PREDICTION_RELATIVE_ERROR
 
     def __post_init__(self):
-        engine_model(self.engine_model)
-        object.__setattr__(self, "prediction_error", check_prediction_error(self.prediction_error))
         for p in self.policies:
             make_policy(p)
+        if self.engine_model == "vllm_native":
+            # vLLM's own scheduler runs only the policies vLLM itself expresses: say so before any run
+            from .engine.vllm_native import native_form
+
+            for p in (*self.policies, self.calibration_policy):
+                native_form(p)
+        engine_model(self.engine_model)
+        object.__setattr__(self, "prediction_error", check_prediction_error(self.prediction_error))
         for r in self.regions:
             if r not in REGIONS:
                 raise KeyError(f"unknown region {r!r}; regions: {', '.join(REGIONS)}")

@@ -83,6 +83,12 @@ def subwindow_cache_dir(engine: str, window_size: int, data_dir: Path | None = N
     return results_dir(data_dir) / "cache" / f"rq8_{engine}_n{int(window_size)}"
 
 
+def native_check_path(data_dir: Path | None = None) -> Path:
+    """``vllm_v1`` against vLLM's own scheduler (the ``vllm_native`` engine model), one row per run:
+    ``native_vs_model.csv`` (``benchmarks/native_vs_model.py --save``)."""
+    return results_dir(data_dir) / "native_vs_model.csv"
+
+
 def stored_dir(folder: str, data_dir: Path | None = None, *, committed: bool = True) -> Path:
     """The stored results of one book computation family (``fidelity``, ``reference``):
     ``<folder>/`` for the book's own parameters (committed), ``cache/<folder>/`` for any other

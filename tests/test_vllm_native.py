@@ -83,6 +83,13 @@ def test_policies_map_to_vllms_own_scheduling_policies():
         nat.native_form("las")
 
 
+def test_a_campaign_on_vllms_scheduler_refuses_a_policy_vllm_cannot_express_up_front():
+    from portbench.campaign import CampaignConfig
+
+    with pytest.raises(ValueError, match="'las' has no vLLM form .* runnable: .*fifo"):
+        CampaignConfig(engine_model="vllm_native", policies=("fifo", "las"))
+
+
 # --- with vLLM -----------------------------------------------------------------------------------
 
 def test_a_real_window_runs_to_completion_with_exact_output_lengths(vllm):
@@ -96,6 +103,12 @@ def test_a_real_window_runs_to_completion_with_exact_output_lengths(vllm):
     assert np.all(r.first_token_s <= r.finish_s)
     metrics = cell_metrics(r)                   # the campaign's metrics read it unchanged
     assert metrics and all(np.isfinite(v) for v in metrics.values() if isinstance(v, float))
+
+
+def test_a_campaign_on_vllms_scheduler_takes_its_policies(vllm):
+    from portbench.campaign import CampaignConfig
+
+    assert CampaignConfig(engine_model="vllm_native", policies=("fifo", "edf")).policies == ("fifo", "edf")
 
 
 def test_runs_are_deterministic(vllm):
@@ -117,30 +130,41 @@ def test_agrees_with_vllm_v1_step_by_step_when_the_kv_cache_is_ample(vllm, polic
                             {"reserve_full_isl": reserve_full_isl}) is None
 
 
-def test_vllm_preempts_a_request_that_cannot_grow_itself(vllm):
+def test_a_request_that_cannot_grow_preempts_itself_as_in_vllm(vllm):
     # 4 blocks of 16 tokens, 32 tokens a step. Step 1: request 0 (8 tokens) and the first 24 of
     # request 1's 60 take 3 blocks. Step 2: request 1 needs 2 more blocks, 1 is free, and it is the
-    # last running request: vLLM preempts it (nothing admitted), vllm_v1 keeps it and admits 2.
+    # last running request: vLLM preempts it and admits nothing; so does vllm_v1 (it used to keep
+    # it and admit request 2).
+    from portbench.engine.vllm_v1 import VllmV1Model
+
     w = tiny([0, 0, 0], [8, 60, 8], [20, 1, 1])
-    cls, _ = first_difference(w, "fifo", {"max_kv_tokens": 64, "max_num_batched_tokens": 32,
-                                          "max_active_sequences": 8}, {"reserve_full_isl": False})
-    assert cls == "self_preemption"
+    shared = {"max_kv_tokens": 64, "max_num_batched_tokens": 32, "max_active_sequences": 8,
+              "reserve_full_isl": False}
+    assert simulate(w, make_policy("fifo"), VllmV1Model(**shared)).n_preemptions > 0
+    assert first_difference(w, "fifo", shared) is None
 
 
-def test_vllm_reserves_the_whole_prompt_at_admission(vllm):
+def test_the_whole_prompt_is_reserved_at_admission_as_in_vllm(vllm):
     # 6 blocks; request 0 decodes its last token in 3 of them when request 1 (80 tokens = 5 blocks)
     # arrives: its first chunk (31 tokens, 2 blocks) fits, its whole prompt does not. vLLM admits it
-    # a step later, once request 0 has left; without the reservation both admit it at once.
+    # a step later, once request 0 has left, and so does vllm_v1 (both reserve by default); without
+    # the reservation both admit it at once, and a model without it parts from vLLM with it.
+    from portbench.engine.vllm_v1 import VllmV1Model
+
     w = tiny([0, 0.001], [32, 80], [2, 1])
     shared = {"max_kv_tokens": 96, "max_num_batched_tokens": 32, "max_active_sequences": 8}
-    assert first_difference(w, "fifo", shared)[0] == "full_sequence_reservation"
-    assert first_difference(w, "fifo", shared, {"reserve_full_isl": False}) is None
+    assert first_difference(w, "fifo", shared) is None
+    assert first_difference(w, "fifo", {**shared, "reserve_full_isl": False}) is None
+    _, ms = nat.record_model_steps(w, make_policy("fifo"), VllmV1Model(**shared, reserve_full_isl=False))
+    native = nat.VllmNativeModel(**shared)
+    _, ns = nat.record_native_steps(w, make_policy("fifo"), native)
+    k = nat.first_differing_step(ms, ns)
+    assert nat.classify_step(k, ms, ns, w, "fifo", native)[0] == "full_sequence_reservation"
 
 
-def test_vllm_lifts_the_long_prefill_cap_for_a_lone_request(vllm):
-    w = tiny([0], [600], [2])
-    cls, detail = first_difference(w, "fifo", {"long_prefill_token_threshold": 256})
-    assert cls == "lone_long_prefill" and "(256, 600)" in detail
+def test_the_long_prefill_cap_is_lifted_for_a_lone_request_as_in_vllm(vllm):
+    assert first_difference(tiny([0], [600], [2]), "fifo", {"long_prefill_token_threshold": 256}) is None
+    assert first_difference(tiny([0, 0], [600, 10], [2, 2]), "fifo", {"long_prefill_token_threshold": 256}) is None
 
 
 def test_vllms_priority_policy_preempts_the_lowest_priority(vllm):

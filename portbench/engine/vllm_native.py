@@ -30,10 +30,12 @@ model configured that way. Scheduler subclasses (``slai_faithful``, ``sjf_aging`
 clock and are not run here; a generic key-policy adapter is not written yet.
 
 vLLM rules this model has and ``vllm_v1`` does not (see ``benchmarks/native_vs_model.py``):
+chunked prefill off, ``max_model_len``, and priority scheduling's preemption victim (the running
+request of lowest priority, not the newest). ``vllm_v1`` took over three of them from this check:
 ``reserve_full_isl`` (vLLM 0.32's ``scheduler_reserve_full_isl``, on by default: a waiting request
 is admitted only when the KV blocks of its whole prompt, or prompt + output so far after a
-preemption, are free, not just those of its first chunk), chunked prefill off, the long-prefill
-cap lifted when a single request is in the engine, and ``max_model_len``. Prefix caching is an
+preemption, are free, not just those of its first chunk), the request that preempts itself when no
+other is left to preempt, and the long-prefill cap lifted when a single request is in the engine. Prefix caching is an
 option (block hashes from each request's prompt ids); the study's windows carry no prompt contents,
 so the prompts are distinct random ids and the cache never hits.
 
@@ -469,15 +471,16 @@ class _NativeEngine:
 #: What the first differing step of a run can show, and why (the classes of :func:`classify_step`).
 CLASSES = {
     "self_preemption": "a running request that cannot get KV blocks and is the last left to preempt "
-                       "preempts itself in vLLM (back to the queue, nothing admitted that step); "
-                       "vllm_v1 skips it, keeps its blocks and goes on to admit",
+                       "preempts itself in vLLM (back to the queue, nothing admitted that step) and "
+                       "not in the model (vllm_v1 has this rule since 2026-12-05)",
     "full_sequence_reservation": "vLLM 0.32 (scheduler_reserve_full_isl, its default) admits a waiting "
-                                 "request only when the blocks of its whole sequence are free; "
-                                 "vllm_v1 asks only for its first chunk's",
+                                 "request only when the blocks of its whole sequence are free; the "
+                                 "model asks only for its first chunk's (vllm_v1 with "
+                                 "reserve_full_isl=False)",
     "chunked_prefill_off": "chunked prefill off in vLLM: a prompt that does not fit the budget left "
                            "stops admission; vllm_v1 always chunks",
     "lone_long_prefill": "vLLM lifts long_prefill_token_threshold while a single request is in the "
-                         "engine; vllm_v1 caps it always",
+                         "engine; the model caps it always (vllm_v1 lifts it since 2026-12-05)",
     "waiting_eviction": "the policy's eviction of running requests by a waiting one (vLLM v0's rule); "
                         "vLLM v1 preempts only when a running request cannot grow",
     "preemption_victim": "another victim: vLLM's priority policy preempts the running request of "

@@ -101,7 +101,17 @@ class VllmV1Model:
       token budget evenly among concurrent prefills; that is not modelled (each takes what the
       budget and the threshold leave, as in v1). vLLM derives a threshold of 4% of the model's
       context when the caps are on and it is 0; the model has no context length, so it must be
-      given.
+      given. vLLM v1 lifts the threshold while a single request is in the engine (running or
+      waiting): nobody is there to starve; so does this model.
+
+    ``reserve_full_isl`` (vLLM 0.32's ``scheduler_reserve_full_isl``, on by default there and here):
+    a waiting request is admitted only when the KV blocks of its whole sequence so far (its prompt,
+    or prompt + output after a preemption) are free, not just those of its first chunk; only the
+    chunk's blocks are taken. Off: the first chunk's blocks decide (vLLM before that option).
+
+    Preemption is vLLM v1's FCFS rule: a running request that cannot get its blocks preempts the
+    last running request, itself included (it then waits again at the queue's head, and the running
+    phase ends).
     """
 
     name: ClassVar[str] = "vllm_v1"
@@ -115,6 +125,7 @@ class VllmV1Model:
     long_prefill_token_threshold: int = 0
     max_num_partial_prefills: int = 1
     max_long_partial_prefills: int = 1
+    reserve_full_isl: bool = True
 
     def __post_init__(self):
         for what, least in (("long_prefill_token_threshold", 0), ("max_num_partial_prefills", 1),
@@ -167,7 +178,9 @@ INP, OUT, COMPUTED, TARGET, BLOCKS, DECODED, FIRST, FINISH = range(8)
 def _schedule_running(run, hold, held, st, sched, budget, free, bs, thr):
     """vLLM's running phase: each running request in order gets ``min(left, budget)`` tokens and the
     blocks for them; one that cannot get its blocks preempts from the end of ``run`` (recompute: its
-    blocks are freed, its KV dropped, its target reset), and one that would preempt itself stops it.
+    blocks are freed, its KV dropped, its target reset) until they fit or it has preempted itself,
+    which ends the phase (vLLM v1's FCFS rule: the victim is the last running request, whoever it
+    is; its preempted requests are the tail ``run[n_run:]``).
     A prefill computes at most ``thr`` tokens a step (0: no cap). The requests in ``hold`` are
     passed over (``held``, all False, is the scratch table for that); an id in ``hold`` outside the
     table returns -1 requests walked, and nothing is done.
@@ -196,15 +209,15 @@ def _schedule_running(run, hold, held, st, sched, budget, free, bs, thr):
         stuck = False
         while need > free:
             v = run[n_run - 1]
-            if v == i:
-                stuck = True
-                break
             n_run -= 1
             free += st[v, BLOCKS]
             st[v, BLOCKS] = 0
             dropped += st[v, COMPUTED]
             st[v, COMPUTED] = 0
             st[v, TARGET] = st[v, INP] + st[v, DECODED]
+            if v == i:
+                stuck = True
+                break
         if stuck:
             break
         free -= need
@@ -386,14 +399,24 @@ class _V1Engine:
         for i in self._finished[:n_finished].tolist():
             self.running.remove(i)
 
-    def _first_chunk(self, tokens: int, budget: int) -> int:
-        """The tokens a waiting request (nothing computed) computes if admitted with ``budget`` left."""
+    def _threshold(self) -> int:
+        """The step's long-prefill cap: the model's, lifted (0) while one request is in the engine."""
         thr = self.model.long_prefill_token_threshold
+        return thr if thr > 0 and len(self.running) + len(self.waiting) > 1 else 0
+
+    def _first_chunk(self, tokens: int, budget: int, thr: int) -> int:
+        """The tokens a waiting request (nothing computed) computes if admitted with ``budget`` left
+        under the cap ``thr`` (0: none)."""
         return min(tokens, budget, thr) if thr > 0 else min(tokens, budget)
 
-    def _first_chunk_blocks(self, tokens: int, budget: int) -> int:
-        """KV blocks a waiting request (nothing computed) needs to be admitted with ``budget`` tokens."""
-        return -(-self._first_chunk(tokens, budget) // self.model.block_size)
+    def _admission_blocks(self, tokens: int, budget: int, thr: int) -> int:
+        """The free KV blocks a waiting request of ``tokens`` (nothing computed) needs to be admitted
+        with ``budget`` tokens left: its whole sequence's under ``reserve_full_isl``, else its first
+        chunk's (at least as many as the chunk takes)."""
+        bs = self.model.block_size
+        if self.model.reserve_full_isl:
+            return -(-tokens // bs)
+        return -(-self._first_chunk(tokens, budget, thr) // bs)
 
     def _admission_impossible(self, budget: int, free_blocks: int) -> bool:
         """No waiting request can be admitted: no slot, no budget, or too few blocks for any of them."""
@@ -402,7 +425,7 @@ class _V1Engine:
         heap, st, is_waiting = self._wait_heap, self.st, self.is_waiting
         while not is_waiting[heap[0][1]] or st[heap[0][1], TARGET] != heap[0][0]:
             heapq.heappop(heap)                   # a row of a request that has left the queue
-        return self._first_chunk_blocks(heap[0][0], budget) > free_blocks
+        return self._admission_blocks(heap[0][0], budget, self._threshold()) > free_blocks
 
     def run(self, event_skipping: bool = True) -> None:
         n, m = self.n, self.model
@@ -476,10 +499,10 @@ class _V1Engine:
             preempted = True
         # running requests first
         run = np.array(running, dtype=np.int64)
+        thr = self._threshold()
         k, n_left, n_sched, budget, free, prefill, decodes, context, dropped = \
             _schedule_running(run, self._hold_array(hold), self._held, st, self._sched,
-                              m.max_num_batched_tokens, self.free_blocks, bs,
-                              m.long_prefill_token_threshold)
+                              m.max_num_batched_tokens, self.free_blocks, bs, thr)
         if k < 0:
             bad = next(i for i in sorted(hold) if not 0 <= i < self.n)
             raise PolicyContractError(f"policy {self.policy.name!r} held request {bad} at step "
@@ -538,9 +561,9 @@ class _V1Engine:
                             continue               # passed over: shorter prompts may go ahead
                         n_long += 1
                     n_pre += 1
-                n_new = self._first_chunk(target, budget)
+                n_new = self._first_chunk(target, budget, thr)
                 need = -(-n_new // bs)
-                if need > self.free_blocks:
+                if max(need, self._admission_blocks(target, budget, thr)) > self.free_blocks:
                     refused_for_room = True
                     self.refused = ((i, "kv"),)
                     break                          # head-of-line: admission stops here
@@ -662,7 +685,8 @@ class _V1Engine:
             # The last arrival always stops the stretch: it starts the drain clock.
             while stop < n - 1 and self.arrival_ps[order[stop]] < end_ps and not (
                     slot and budget > 0
-                    and self._first_chunk_blocks(self.inp[order[stop]], budget) <= self.free_blocks):
+                    and self._admission_blocks(self.inp[order[stop]], budget,
+                                               m.long_prefill_token_threshold) <= self.free_blocks):
                 stop += 1
         if stop < self.n:
             k = self._steps_starting_before(self.arrival_ps[order[stop]], k, D, C0)
