@@ -17,7 +17,10 @@ tiny model on a CPU (:data:`~portbench.realengine.vllm_backend.STUDY_ENGINE`: bo
 chunked prefill at a 32,768-token budget and ``max_model_len``, 256 sequences, at most 32 requests
 in flight, λ_ref searched on ``vllm_faithful``). ``equal`` and ``study`` reuse the committed case's
 step profile and speed ratio (``--profile-from``) and skip the refit. ``--windows-per-source`` and
-``--repetitions`` shrink a case.
+``--repetitions`` shrink a case. ``choice`` (``vllm_cpu_choice``) is the ``equal`` case with the
+engine's sequence cap lowered to 8 (:data:`~portbench.realengine.vllm_backend.CHOICE_ENGINE`): the
+same λ_ref and load, requests queue inside the engine, so that most steps leave visible work
+unscheduled and a schedule comparison has choices to check.
 
 1. **Plan**: prints the number of runs (windows × policies × repetitions, λ_ref searches, host
    probes) and an estimated duration, before any engine is built.
@@ -76,6 +79,8 @@ CONFIGS = {
               "engine": dict(backend.STUDY_ENGINE, kv_cache_gib=backend.STUDY_KV_CACHE_GIB),
               "lambda_policy": backend.STUDY_LAMBDA_POLICY, "lambda_refs_from": None,
               "profile_from": "vllm_cpu_guarded"},
+    "choice": {"tag": "vllm_cpu_choice", "engine": dict(backend.CHOICE_ENGINE), "lambda_policy": "fifo",
+               "lambda_refs_from": "vllm_cpu_guarded_case", "profile_from": "vllm_cpu_guarded"},
 }
 
 #: Fallbacks for the estimate when no earlier run of the case is on disk (the vLLM-CPU case of

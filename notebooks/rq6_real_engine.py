@@ -252,6 +252,8 @@ if study_config_run:
     agree = {name: sum(reading.signs(t, real_row.index)[s_] == real_signs[s_] for s_ in real_row.index)
              for name, t in [("configured", pred_row)] + list(camp_rows.items())}
     glue("rq6_study_sim_signs_agree", f"{agree['configured']} of {len(real_row)}", display=False)
+    glue("rq6_study_runs_to_settle", reading.runs_to_settle(real_row, cases.runs(study_config_run)),
+         display=False)
     display(present.table(configured, digits=3))
     display(present.table(real_row.reset_index()[["source", "n_windows", "repetitions", "delta", "ci_low",
                                                   "ci_high", "half_width"]], digits=4))
@@ -260,6 +262,13 @@ if study_config_run:
     glue("rq6_short_finding_words", len(short.split()), display=False)
 else:
     glue("rq6_short_finding", "No real run in the study's configuration is committed.", display=False)
+    glue("rq6_study_runs_to_settle", "n/a (no such case)", display=False)
+
+# %% [markdown]
+# A source is settled when its interval excludes 0 or is at most ±0.005 wide ("no difference beyond
+# ±0.005"). Runs still needed where neither holds, at the spread measured so far:
+# {glue:text}`rq6_study_runs_to_settle:s` (`.venv-vllm/bin/python benchmarks/rq6_vllm_cpu.py --config
+# study --windows-per-source 8 --repetitions 16` resumes the case and adds repetitions).
 
 # %% [markdown]
 # The other cases ran in other configurations, and their simulated counterparts (request by request,

@@ -154,8 +154,8 @@ def repetition_resampled_delta(runs: pd.DataFrame, *, policies=("slai_faithful",
     """Per source, the mean ``policies[0] − policies[1]`` over windows, with a 95% bootstrap interval
     that resamples both the windows and, within each drawn window, its repetitions (each policy's
     repetitions drawn with replacement): the interval then carries the run-to-run noise as well as
-    the spread between windows. Columns ``source, n_windows, repetitions, delta, ci_low, ci_high,
-    half_width``."""
+    the spread between windows. Columns ``source, n_windows, repetitions`` (the fewest of a window
+    and policy), ``repetitions_max``, ``delta, ci_low, ci_high, half_width``."""
     rng = np.random.default_rng(seed)
     a, b = policies
     rows = []
@@ -178,7 +178,8 @@ def repetition_resampled_delta(runs: pd.DataFrame, *, policies=("slai_faithful",
                 total += xa[rng.integers(0, len(xa), len(xa))].mean() - xb[rng.integers(0, len(xb), len(xb))].mean()
             draws[i] = total / len(keys)
         lo, hi = np.percentile(draws, [2.5, 97.5])
-        reps = int(g.groupby(["window_id", "policy"]).size().min())
-        rows.append({"source": src, "n_windows": len(keys), "repetitions": reps, "delta": point,
+        counts = g.groupby(["window_id", "policy"]).size()
+        rows.append({"source": src, "n_windows": len(keys), "repetitions": int(counts.min()),
+                     "repetitions_max": int(counts.max()), "delta": point,
                      "ci_low": float(lo), "ci_high": float(hi), "half_width": float((hi - lo) / 2)})
     return pd.DataFrame(rows)

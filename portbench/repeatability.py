@@ -12,10 +12,15 @@ claim can be checked here. Each figure below therefore comes in pairs over the *
   bootstrap interval over windows;
 - :func:`run_offsets`: how much of either error is one offset per run (a run's host speed), and
   what is left once it is removed;
+- :func:`lifetime_speed`, :func:`with_lifetime_speed`: how much of the model's error is the host's
+  speed over each request's life (measured against the cost model on the real steps);
 - :func:`admission_order_agreement`: the free-running simulation's admission order against the
   real run's, beside two real runs' against each other;
 - :func:`choice_steps`: the steps at which the real engine left visible work unscheduled — the only
-  steps at which a schedule comparison can tell two rules apart.
+  steps at which a schedule comparison can tell two rules apart;
+- :func:`head_of_line_steps`: the steps at which vLLM's head-of-line rule fired (whole-prompt
+  admission stopped at a prompt that did not fit the budget left), and those at which it blocked a
+  request that would have fit.
 
 Input is a case's per-request counterpart (:func:`portbench.fidelity.counterpart_requests`, stored
 as ``<tag>_sim_requests.parquet``) and its step log.
@@ -192,3 +197,109 @@ def agreement_on_choice_steps(replay_steps: pd.DataFrame, steps: pd.DataFrame) -
                      "agree_choice": float(ch["agree"].mean()) if len(ch) else np.nan,
                      "choice_steps": len(ch)})
     return pd.DataFrame(rows)
+
+
+def head_of_line_steps(steps: pd.DataFrame, requests: pd.DataFrame, runs: pd.DataFrame, *,
+                       policy: str = "vllm_faithful", budget: int = 2560, default_seqs: int = 256) -> pd.DataFrame:
+    """The steps of ``policy``'s kept runs at which vLLM's head-of-line rule fired: with chunked
+    prefill off, the waiting queue's head (the earliest submitted request not yet admitted) did not
+    fit the token budget left at that step, while the engine had a seat free (fewer scheduled than
+    the run's ``max_num_seqs``), so admission stopped there. ``budget``: the policy's per-step token
+    budget (``vllm_faithful``: 2,560, chunked prefill off). Per step: :data:`RUN_KEYS`, ``step``,
+    ``head`` (request index; -1 without a waiting request), ``head_tokens``, ``budget_left``,
+    ``fired`` and ``blocked`` (it fired while a request behind the head would have fit: the steps
+    at which the rule, not the budget alone, decided the batch; a skip-the-misfit rule would have
+    admitted that request). Needs the step log's ``scheduled`` batches and the requests' ``submit_step``."""
+    from .fidelity.schedules import real_batches
+
+    if "scheduled" not in steps or "submit_step" not in requests:
+        raise ValueError("head_of_line_steps needs the step log's scheduled batches and the requests' submit_step")
+    s = steps[steps["kept"].astype(bool)] if "kept" in steps else steps
+    out = []
+    for _, run in runs[runs["policy"] == policy].iterrows():
+        key = tuple(run[k] for k in RUN_KEYS)
+        rs = s[(s["window_id"] == key[0]) & (s["policy"] == key[1]) & (s["repetition"] == key[2])]
+        rs = rs.sort_values("step")
+        rq = requests[(requests["window_id"] == key[0]) & (requests["policy"] == key[1])
+                      & (requests["repetition"] == key[2])]
+        if "attempt" in rq and "attempt" in rs and len(rs):
+            rq = rq[rq["attempt"] == rs["attempt"].iloc[0]]
+        if "refused" in rq:
+            rq = rq[~rq["refused"].astype(bool)]
+        seats = run.get("max_num_seqs", np.nan)
+        seats = default_seqs if pd.isna(seats) else int(seats)
+        batches = real_batches(rs)
+        first = {}
+        for k, batch in zip(rs["step"].to_numpy(), batches):
+            for rid in batch:
+                first.setdefault(rid, k)
+        order = rq.sort_values(["submit_step", "request_index"])
+        idx = order["request_index"].to_numpy()
+        sub = order["submit_step"].to_numpy()
+        toks = order["input_tokens"].to_numpy()
+        admit = np.array([first.get(int(i), np.iinfo(np.int64).max) for i in idx])
+        for k, batch in zip(rs["step"].to_numpy(), batches):
+            waiting = np.flatnonzero((sub <= k) & (admit > k))
+            used = sum(batch.values())
+            head = int(idx[waiting[0]]) if len(waiting) else -1
+            head_tokens = int(toks[waiting[0]]) if len(waiting) else 0
+            fired = bool(len(waiting) and len(batch) < seats and head_tokens > budget - used)
+            blocked = bool(fired and (toks[waiting[1:]] <= budget - used).any())
+            out.append((*key, int(k), head, head_tokens, budget - used, fired, blocked))
+    return pd.DataFrame(out, columns=[*RUN_KEYS, "step", "head", "head_tokens", "budget_left", "fired", "blocked"])
+
+
+def agreement_on_hol_steps(replay_steps: pd.DataFrame, hol: pd.DataFrame) -> pd.DataFrame:
+    """A replay's step agreement (as :func:`agreement_on_choice_steps` takes it) on the steps of
+    :func:`head_of_line_steps`: one row with the policy's steps, those at which the rule fired and
+    blocked (count, share, windows) and the agreement on each."""
+    m = replay_steps.merge(hol, on=[*RUN_KEYS, "step"], how="inner")
+    fired, blocked = m[m["fired"]], m[m["blocked"]]
+    return pd.DataFrame([{
+        "policy": ", ".join(sorted(m["policy"].unique())), "steps": len(m),
+        "fired_steps": len(fired), "fired_share": float(m["fired"].mean()) if len(m) else np.nan,
+        "fired_windows": fired["window_id"].nunique(),
+        "agree_fired": float(fired["agree"].mean()) if len(fired) else np.nan,
+        "blocked_steps": len(blocked), "blocked_windows": blocked["window_id"].nunique(),
+        "agree_blocked": float(blocked["agree"].mean()) if len(blocked) else np.nan}])
+
+
+def lifetime_speed(counterpart: pd.DataFrame, predicted_steps: pd.DataFrame) -> pd.DataFrame:
+    """Per request, the host's speed over its life in the real run: the measured duration of the
+    real steps between its arrival and its finish ÷ the cost model's prediction for the same steps
+    (``predicted_steps``: the step log with ``predicted_s``, e.g.
+    :func:`portbench.engine.stepcost.cross_validated_step_error`). 1: the host ran as the cost model
+    predicts; 1.2: 20% slower. What no model can know ahead of a run; it tells how much of the
+    model's error is the host's timing. Columns: :data:`RUN_KEYS`, ``request_index``,
+    ``lifetime_speed``."""
+    frames = []
+    by_run = {key: g for key, g in counterpart.groupby(RUN_KEYS)}
+    for key, g in predicted_steps.groupby(RUN_KEYS):
+        q = by_run.get(key)
+        if q is None:
+            continue
+        g = g.sort_values("start_s")
+        start = g["start_s"].to_numpy(dtype=float)
+        measured = np.r_[0.0, np.cumsum(g["duration_s"].to_numpy(dtype=float))]
+        predicted = np.r_[0.0, np.cumsum(g["predicted_s"].to_numpy(dtype=float))]
+        a = np.searchsorted(start, q["arrival_s"].to_numpy(dtype=float))
+        b = np.searchsorted(start, q["finish_s"].to_numpy(dtype=float))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            factor = (measured[b] - measured[a]) / (predicted[b] - predicted[a])
+        frames.append(pd.DataFrame({**dict(zip(RUN_KEYS, key)), "request_index": q["request_index"].to_numpy(),
+                                    "lifetime_speed": factor}))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
+        columns=[*RUN_KEYS, "request_index", "lifetime_speed"])
+
+
+def with_lifetime_speed(counterpart: pd.DataFrame, speed: pd.DataFrame) -> pd.DataFrame:
+    """``counterpart`` with each request's simulated times stretched about its arrival by its
+    :func:`lifetime_speed` (the model's latencies as they would be had it known the host's speed
+    over each request's life); requests without a finite factor keep their times."""
+    c = counterpart.merge(speed, on=[*RUN_KEYS, "request_index"], how="left")
+    f = c.pop("lifetime_speed").to_numpy(dtype=float)
+    f = np.where(np.isfinite(f) & (f > 0), f, 1.0)
+    for col in ("admit_s_sim", "first_token_s_sim", "finish_s_sim"):
+        if col in c:
+            c[col] = c["arrival_s"] + (c[col] - c["arrival_s"]) * f
+    return c

@@ -80,3 +80,44 @@ def test_choice_steps_and_agreement_on_them():
     assert t.loc["all", "agree_all"] == 0.75
     with pytest.raises(ValueError, match="running_before"):
         R.choice_steps(steps.drop(columns="running_before"))
+
+
+def hol_case(seats=8):
+    """One vllm_faithful run, budget 100: three requests (60, 50, 30 tokens) submitted at step 0.
+    Step 0 admits request 0 (60 tokens) and stops at request 1 (50 > the 40 left), although request
+    2 (30) would fit behind it; step 1 admits both beside request 0's decode; step 2 only decodes."""
+    steps = pd.DataFrame({"window_id": "w", "policy": "vllm_faithful", "repetition": 0, "attempt": 0,
+                          "kept": True, "step": [0, 1, 2],
+                          "scheduled": ["0:60", "0:1;1:50;2:30", "0:1;1:1;2:1"]})
+    requests = pd.DataFrame({"window_id": "w", "policy": "vllm_faithful", "repetition": 0, "attempt": 0,
+                             "request_index": [0, 1, 2], "submit_step": [0, 0, 0], "input_tokens": [60, 50, 30],
+                             "refused": False})
+    runs = pd.DataFrame({"window_id": ["w"], "policy": ["vllm_faithful"], "repetition": [0],
+                         "max_num_seqs": [seats]})
+    return steps, requests, runs
+
+
+def test_head_of_line_steps_find_where_the_rule_stopped_admission():
+    h = R.head_of_line_steps(*hol_case(), budget=100).set_index("step")
+    assert h.loc[0, "fired"] and h.loc[0, "blocked"]          # 50 > 40 left, and 30 behind it fits
+    assert h.loc[0, "head"] == 1 and h.loc[0, "budget_left"] == 40
+    assert not h.loc[1, "fired"] and h.loc[1, "head"] == -1   # nothing waits any more
+    # with one seat the engine was full: the seat, not the budget, held request 1 back
+    assert not R.head_of_line_steps(*hol_case(seats=1), budget=100)["fired"].any()
+    replay = pd.DataFrame({"window_id": "w", "policy": "vllm_faithful", "repetition": 0, "step": [0, 1, 2],
+                           "agree": [True, False, True]})
+    a = R.agreement_on_hol_steps(replay, R.head_of_line_steps(*hol_case(), budget=100)).iloc[0]
+    assert (a["fired_steps"], a["blocked_steps"], a["agree_blocked"]) == (1, 1, 1.0)
+
+
+def test_lifetime_speed_stretches_the_model_by_the_host_over_each_request():
+    # the host ran steps 0-1 as predicted and steps 2-3 twice as slow
+    steps = pd.DataFrame({"window_id": "w", "policy": "p", "repetition": 0, "start_s": [0.0, 1.0, 2.0, 4.0],
+                          "duration_s": [1.0, 1.0, 2.0, 2.0], "predicted_s": [1.0, 1.0, 1.0, 1.0]})
+    c = pd.DataFrame({"window_id": "w", "policy": "p", "repetition": 0, "request_index": [0, 1],
+                      "arrival_s": [0.0, 2.0], "finish_s": [2.0, 6.0],
+                      "admit_s_sim": [0.0, 2.0], "first_token_s_sim": [1.0, 3.0], "finish_s_sim": [2.0, 4.0]})
+    speed = R.lifetime_speed(c, steps).set_index("request_index")["lifetime_speed"]
+    assert speed.tolist() == [1.0, 2.0]
+    stretched = R.with_lifetime_speed(c, R.lifetime_speed(c, steps))
+    assert stretched["finish_s_sim"].tolist() == [2.0, 6.0] and stretched["first_token_s_sim"].tolist() == [1.0, 4.0]

@@ -45,6 +45,7 @@ class Chapter:
     equal_tag: str = "vllm_cpu_equal"
     fixed_tag: str = "vllm_cpu_equal_fixed"
     unguarded_tag: str = "vllm_cpu"
+    choice_tag: str = "vllm_cpu_choice"
     n_resamples: int = 2000
     seed: int = 0
     slow_step_ratio: float = 1.8

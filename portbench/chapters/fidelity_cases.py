@@ -189,6 +189,18 @@ def repeatability_noise(ch: Chapter) -> Section:
                     "fid_worst_group": worst["group"].replace(" / ", " × "),
                     "fid_worst_group_lo": float(worst["ratio_lo"]), "fid_worst_group_hi": float(worst["ratio_hi"]),
                     "fid_worst_group_sim": float(worst["sim"]), "fid_worst_group_noise": float(worst["noise"])})
+    # the same table once each request's simulated latency is stretched by the host's measured speed
+    # over its life: what is left when the host's timing is known
+    timed = tables.lifetime_speed_noise(ch.fixed_tag, **ch.boot, data_dir=ch.data_dir)
+    t_groups = timed[(timed["group"] != "all") & (timed["measure"] == "end-to-end") & (timed["stat"] == "median")]
+    t_all = timed[(timed["group"] == "all") & (timed["measure"] == "end-to-end") & (timed["stat"] == "median")].iloc[0]
+    t_worst = t_groups.set_index("group").loc[worst["group"]]
+    numbers.update({"fid_lifetime_sim_e2e_median": float(t_all["sim"]),
+                    "fid_lifetime_sim_over_noise_e2e_median": float(t_all["ratio"]),
+                    "fid_lifetime_worst_group_ratio": float(t_worst["ratio"]),
+                    "fid_lifetime_worst_group_sim": float(t_worst["sim"]),
+                    "fid_lifetime_max_group_ratio": float(t_groups["ratio"].max()),
+                    "fid_lifetime_groups_within_goal": f"{int((t_groups['ratio'] <= 1.1).sum())} of {len(t_groups)}"})
     within, above = groups[groups["ratio"] <= 1.1], groups[groups["ratio_lo"] > 1.0]
     numbers["fid_groups_within_goal"] = f"{len(within)} of {len(groups)}"
     numbers["fid_groups_above_noise"] = present.join([g.replace(" / ", " × ") for g in above["group"]], empty="none")
@@ -246,11 +258,102 @@ def admission_order(ch: Chapter) -> Section:
     for pol in ("slai_faithful", "vllm_faithful"):
         if pol in ch_.index:
             numbers[f"fid_steps_with_choice_share_{pol}"] = float(ch_.loc[pol, "choice_share"])
+    numbers.update(hol_numbers(ch, ch.fixed_tag, "fid_hol"))
     like_fixed = tables.like_for_like(ch.fixed_tag, **ch.boot, data_dir=ch.data_dir)
     return Section(numbers=numbers, shown=[
         present.table(choice.rename(columns={"choice_share": "share with a choice", "agree_all": "agree, all steps",
                                              "agree_choice": "agree, choice steps"}), digits=3),
         present.table(like_fixed, digits=3)])
+
+
+HOL_NAMES = ("fired_share", "fired_steps", "fired_windows", "agree_fired", "blocked_steps", "blocked_windows",
+             "agree_blocked")
+
+
+def hol_numbers(ch: Chapter, tag: str, prefix: str) -> dict:
+    """Where ``vllm_faithful``'s head-of-line rule fired in case ``tag`` (and blocked a prompt that
+    would have fit), and the replay's agreement on those steps, as ``<prefix>_<name>``."""
+    hol = tables.replay_agreement(tag, ch.real_engine_tag, arrivals="submitted", data_dir=ch.data_dir).get("hol")
+    if hol is None:
+        return {f"{prefix}_{name}": float("nan") for name in HOL_NAMES}
+    row = hol.iloc[0]
+    return {f"{prefix}_{name}": (int(row[name]) if name.endswith(("_steps", "_windows")) else float(row[name]))
+            for name in HOL_NAMES}
+
+
+CHOICE_NAMES = ("n_runs", "n_windows", "choice_share", "choice_share_slai_faithful", "choice_share_vllm_faithful",
+                "choice_steps", "choice_step_agreement", "request_agreement", "free_running_order_agreement",
+                "noise_order_agreement", "sim_e2e_median", "noise_e2e_median", "sim_over_noise_e2e_median",
+                "sim_over_noise_lo", "sim_over_noise_hi", *(f"hol_{n}" for n in HOL_NAMES))
+
+
+def choice_case(ch: Chapter) -> Section:
+    """The case with choices in it (``choice_tag``: the equal case with 8 seats): how often the engine
+    had a choice and the head-of-line rule fired, the replay's agreement on those steps, the
+    free-running admission order and the per-request error, each beside two real runs."""
+    tag = ch.choice_tag
+    if not ch.has_case(tag):
+        return Section(numbers={f"fid_choicecase_{n}": float("nan") for n in CHOICE_NAMES})
+    runs = _case_runs(ch, tag)
+    replay = tables.replay_agreement(tag, ch.real_engine_tag, arrivals="submitted", data_dir=ch.data_dir)
+    choice = replay["choice"].set_index("group")
+    order = tables.admission_order(tag, data_dir=ch.data_dir)
+    noise = tables.noise(tag, **ch.boot, data_dir=ch.data_dir)
+    overall = noise[(noise["group"] == "all") & (noise["measure"] == "end-to-end")
+                    & (noise["stat"] == "median")].iloc[0]
+    numbers = {"n_runs": len(runs), "n_windows": runs["window_id"].nunique(),
+               "choice_share": float(choice.loc["all", "choice_share"]),
+               "choice_steps": int(choice.loc["all", "choice_steps"]),
+               "choice_step_agreement": float(choice.loc["all", "agree_choice"]),
+               "request_agreement": float(replay["requests"].loc[0, "agree"]),
+               "free_running_order_agreement": float(order["sim"].mean()),
+               "noise_order_agreement": float(order["noise"].mean()),
+               "sim_e2e_median": float(overall["sim"]), "noise_e2e_median": float(overall["noise"]),
+               "sim_over_noise_e2e_median": float(overall["ratio"]),
+               "sim_over_noise_lo": float(overall["ratio_lo"]), "sim_over_noise_hi": float(overall["ratio_hi"])}
+    for pol in ("slai_faithful", "vllm_faithful"):
+        numbers[f"choice_share_{pol}"] = float(choice.loc[pol, "choice_share"]) if pol in choice.index else np.nan
+    numbers = {f"fid_choicecase_{k}": v for k, v in numbers.items()}
+    numbers.update(hol_numbers(ch, tag, "fid_choicecase_hol"))
+    per_policy = pd.DataFrame({
+        "steps with a choice": choice["choice_share"], "replay agrees, choice steps": choice["agree_choice"],
+        "free-running order": order.groupby("policy")["sim"].mean(),
+        "order, real vs real": order.groupby("policy")["noise"].mean()})
+    return Section(numbers=numbers, shown=[present.table(per_policy, digits=3)])
+
+
+def native_equivalence(ch: Chapter) -> Section:
+    """``vllm_v1`` against vLLM's own scheduler stepped in virtual time, run by run (the committed
+    ``native_vs_model.csv`` of ``benchmarks/native_vs_model.py --save``): per configuration and
+    policy, the runs identical to the request (every admission, first token and finish the same
+    picosecond) and the classes of the first differing step of the rest."""
+    from .. import results
+    from ..engine.vllm_native import CLASSES
+
+    path = results.native_check_path(ch.data_dir)
+    if not path.exists():
+        return Section(numbers={"fid_native_identical_runs_share": float("nan"), "fid_native_runs": 0,
+                                "fid_native_classes": "not run"})
+    runs = pd.read_csv(path)
+    by = runs.groupby(["config", "policy"], sort=False)
+    table = pd.DataFrame({"runs": by.size(), "identical": by["identical"].sum(),
+                          "share identical": by["identical"].mean()})
+    classes = runs.loc[~runs["identical"], "class"].fillna("stamps_only").value_counts()
+    for cls in classes.index[:4]:
+        table[cls] = runs.assign(c=runs["class"].fillna("stamps_only") == cls).groupby(
+            ["config", "policy"], sort=False)["c"].mean()
+    numbers = {"fid_native_identical_runs_share": float(runs["identical"].mean()), "fid_native_runs": len(runs),
+               "fid_native_windows": runs["window_id"].nunique(),
+               "fid_native_configs": present.join(list(dict.fromkeys(runs["config"]))),
+               "fid_native_policies": present.join(list(dict.fromkeys(runs["policy"]))),
+               "fid_native_classes": present.join(
+                   [f"{cls.replace('_', ' ')} in {present.count(int(n), 'run')} ({present.pct(n / len(runs), 1)})"
+                    for cls, n in classes.items()], empty="none")}
+    for (config, policy), row in table.iterrows():
+        numbers[f"fid_native_identical_share_{config}_{policy}"] = float(row["share identical"])
+    legend = pd.DataFrame({"class": classes.index, "runs": classes.to_numpy(),
+                           "what it is": [CLASSES.get(c, "logs agree; stamps differ") for c in classes.index]})
+    return Section(numbers=numbers, shown=[present.table(table, digits=3), present.table(legend)])
 
 
 # --- 3. the head-of-line ablation, 4. the headline numbers ----------------------------------------

@@ -383,6 +383,21 @@ def settled(r) -> str:
     return "not settled"
 
 
+def runs_to_settle(real_row: pd.DataFrame, runs: pd.DataFrame, target: float = 0.005) -> str:
+    """For each source whose interval settles nothing (:func:`settled`), about how many more runs
+    would bring its half-width to ``target``, if the spread stays as it is (a half-width shrinks as
+    one over the square root of the runs, windows and repetitions grown alike)."""
+    parts = []
+    for src, r in real_row.iterrows():
+        if settled(r) != "not settled":
+            continue
+        have = int((runs["source"] == src).sum())
+        factor = (r["half_width"] / target) ** 2
+        parts.append(f"{source_label(src)} about {present.num(np.ceil(have * (factor - 1)), 0)} more runs "
+                     f"({present.num(factor, 1)}× its {have})")
+    return present.join(parts, empty="none: every source is settled")
+
+
 def signs(table: pd.DataFrame, sources) -> dict:
     """Each source's sign of ``delta`` as printed (three decimals)."""
     return {s_: np.sign(round(table.loc[s_, "delta"], 3)) for s_ in sources}
@@ -409,8 +424,10 @@ def short_finding(real_row: pd.DataFrame, pred_row: pd.DataFrame, camp_rows: dic
                               f"[{present.signed(real_row.loc[s_, 'ci_low'], 3)}, "
                               f"{present.signed(real_row.loc[s_, 'ci_high'], 3)}]" for s_ in order_src])
     reps = int(real_row["repetitions"].min())
+    reps_max = int(real_row.get("repetitions_max", real_row["repetitions"]).max())
+    reps_text = present.count(reps, "repetition") if reps == reps_max else f"{reps}–{reps_max} repetitions"
     short = (f"In the study's real-system configuration — vLLM's CPU build, a tiny random-weight model, "
-             f"{int(real_row['n_windows'].min())} windows per source, {present.count(reps, 'repetition')} — "
+             f"{int(real_row['n_windows'].min())} windows per source, {reps_text} — "
              f"{policy_a} − {policy_b} mean ANWG at {CASE_REGION} is {real_text} (95% CI, windows and "
              f"repetitions resampled): "
              + present.join([f"{source_label(s_)} {verdict[s_]}"

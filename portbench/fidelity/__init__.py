@@ -31,7 +31,7 @@ from .slai_clock import (SLAI_BUSY_INTERVAL_S, SLAI_STEP_EMA, TIE_SPREAD_S, meas
 from .counterpart import (COST_CHOICES, LATENCY_MEASURES, PUBLISHED_FIDELITY, REAL_COUNTERPARTS,
     anwg_from_counterpart, conclusions_by_rule, cost_choice_errors, counterpart_requests,
     latency_error_table, latency_errors, latency_values, like_for_like, on_full_window, own_step_speed,
-    real_refused, served_part, sim_vs_real, simulate_counterpart, write_counterparts)
+    real_refused, run_limits, served_part, sim_vs_real, simulate_counterpart, write_counterparts)
 from .schedules import (ARRIVALS, DISAGREEMENT_CLASSES, DOWNSTREAM, ID_TIE, LAST_PROMPT_TOKEN, LENGTH,
     OTHER, RACE, REQUEST_FIELDS, ReplayedStepTimes, SAME_SHAPE, SLAI_CLOCK, STEP_FIELDS, agreement_table,
     class_counts, classify_episode, compare_schedules, raced, real_batches, replay_run,

@@ -57,12 +57,24 @@ def real_refused(window, max_model_len) -> np.ndarray:
     return total > int(max_model_len)
 
 
+def run_limits(run) -> dict:
+    """The admission limits a real run ran under, as :func:`simulate_counterpart` takes them: its
+    ``max_model_len`` and ``max_num_seqs`` columns (None where the runs table lacks one or has NaN:
+    the policy's default of :data:`REAL_COUNTERPARTS`)."""
+    out = {}
+    for key in ("max_model_len", "max_num_seqs"):
+        value = run.get(key, None)
+        out[key] = None if value is None or pd.isna(value) else float(value)
+    return out
+
+
 def simulate_counterpart(window, policy: str, cost, *, kv_tokens: int = 500_000,
-                         max_model_len=None, policy_obj=None, on_engine=None):
+                         max_model_len=None, max_num_seqs=None, policy_obj=None, on_engine=None):
     """The ``vllm_v1`` counterpart of a real run of ``policy`` on ``window`` (already scaled), with the
     real engine's refusal rule: the requests of :func:`real_refused` are taken out of the window
     before simulating and come back as never served (NaN times). ``max_model_len``: the real run's
-    (default: :data:`REAL_COUNTERPARTS`); ``policy_obj``: a policy object to run in place of
+    (default: :data:`REAL_COUNTERPARTS`); ``max_num_seqs``: the real engine's sequence cap where the
+    run set one below the policy's own (:data:`REAL_COUNTERPARTS`' ``seqs``); ``policy_obj``: a policy object to run in place of
     ``make_policy(policy, ...)`` (the same policy, instrumented: :class:`MeasuredClockSlai`);
     ``on_engine(engine, index)``: called with the engine before it runs and ``index`` (the engine's
     request id → the window's request index), as :class:`ReplayedStepTimes` needs to log batches
@@ -74,7 +86,9 @@ def simulate_counterpart(window, policy: str, cost, *, kv_tokens: int = 500_000,
     if max_model_len is None or not np.isfinite(max_model_len):
         max_model_len = spec["max_model_len"]
     refused = real_refused(window, max_model_len)
-    model = VllmV1Model(max_num_batched_tokens=spec["budget"], max_active_sequences=spec["seqs"],
+    seqs = spec["seqs"] if max_num_seqs is None or not np.isfinite(max_num_seqs) else min(spec["seqs"],
+                                                                                         int(max_num_seqs))
+    model = VllmV1Model(max_num_batched_tokens=spec["budget"], max_active_sequences=seqs,
                         max_kv_tokens=kv_tokens, cost=cost)
     if policy_obj is None:
         policy_obj = make_policy(policy, **spec["params"])
@@ -139,13 +153,11 @@ def sim_vs_real(runs: pd.DataFrame, requests: pd.DataFrame, windows: dict, cost,
     for _, run in runs.iterrows():
         if run["policy"] not in REAL_COUNTERPARTS:
             continue
-        mml = run.get("max_model_len", None)
-        mml = None if mml is None or pd.isna(mml) else float(mml)
-        key = (run["window_id"], run["policy"], float(run["load_factor"]), mml)
+        limits = run_limits(run)
+        key = (run["window_id"], run["policy"], float(run["load_factor"]), *limits.values())
         if key not in cache:
             w = scale(windows[run["window_id"]], run["load_factor"])
-            cache[key] = simulate_counterpart(w, run["policy"], cost, kv_tokens=kv_tokens,
-                                              max_model_len=mml)
+            cache[key] = simulate_counterpart(w, run["policy"], cost, kv_tokens=kv_tokens, **limits)
         result, refused = cache[key]
         sel = (requests["window_id"] == run["window_id"]) & (requests["policy"] == run["policy"])
         rep = run.get("repetition", None)
@@ -216,17 +228,16 @@ def counterpart_requests(runs: pd.DataFrame, requests: pd.DataFrame, steps: pd.D
         if run["policy"] not in REAL_COUNTERPARTS:
             continue
         fold = costs["folds"][run["window_id"]]
-        mml = run.get("max_model_len", None)
-        mml = None if mml is None or pd.isna(mml) else float(mml)
+        limits = run_limits(run)
         factor = factors.get(tuple(run[c] for c in RUN_KEYS), 1.0) if speed_known else 1.0
         if not np.isfinite(factor):
             factor = 1.0
-        key = (run["window_id"], run["policy"], float(run["load_factor"]), mml, factor)
+        key = (run["window_id"], run["policy"], float(run["load_factor"]), *limits.values(), factor)
         if key not in cache:
             w = scale(windows[run["window_id"]], run["load_factor"])
             cost = costs[(fold, run["policy"])]
             cost = cost if factor == 1.0 else ScaledStepCost(cost, factor)
-            cache[key] = simulate_counterpart(w, run["policy"], cost, kv_tokens=kv_tokens, max_model_len=mml)
+            cache[key] = simulate_counterpart(w, run["policy"], cost, kv_tokens=kv_tokens, **limits)
         result, refused = cache[key]
         real = run_rows(requests, run).sort_values("request_index")
         if len(real) != len(result.arrival_s):

@@ -12,7 +12,7 @@ import pandas as pd
 
 from ..workload import scale
 from .cases import RUN_KEYS, run_rows, run_steps
-from .counterpart import REAL_COUNTERPARTS, simulate_counterpart
+from .counterpart import REAL_COUNTERPARTS, run_limits, simulate_counterpart
 from .slai_clock import measured_clock_slai, slai_measured_step_s
 from ..engine.stepcost import PS, linear_step_ps
 
@@ -352,13 +352,11 @@ def replay_run(run, requests: pd.DataFrame, steps: pd.DataFrame, windows: dict, 
     submit = real["submit_step"].to_numpy(dtype=np.int64) if "submit_step" in real else None
     if arrivals == "submitted":
         w = dataclasses.replace(w, arrival_s=submitted_arrivals(w.arrival_s, submit, rs["start_s"]))
-    mml = run.get("max_model_len", None)
     pol = None
     if run["policy"] == "slai_faithful" and slai_clock == "measured":
         pol = measured_clock_slai(slai_measured_step_s(rs), **REAL_COUNTERPARTS["slai_faithful"]["params"])
     result, refused = simulate_counterpart(w, run["policy"], replay, kv_tokens=kv_tokens,
-                                           max_model_len=None if mml is None or pd.isna(mml) else mml,
-                                           policy_obj=pol, on_engine=replay.attach)
+                                           **run_limits(run), policy_obj=pol, on_engine=replay.attach)
     log = replay.log()
     batches = real_batches(rs)
     if batches is not None:

@@ -32,7 +32,7 @@ FOLDER = "fidelity"
 
 #: The tags and engine models the book's fidelity chapter reads by default (its parameters cell).
 BOOK_CASES = {"real_engine_tag": "vllm_cpu_guarded", "rq7_tag": "vllm_cpu_rq7", "equal_tag": "vllm_cpu_equal",
-              "fixed_tag": "vllm_cpu_equal_fixed", "unguarded_tag": "vllm_cpu"}
+              "fixed_tag": "vllm_cpu_equal_fixed", "unguarded_tag": "vllm_cpu", "choice_tag": "vllm_cpu_choice"}
 BOOK_ENGINES = {"engine_model": "lssp", "calibrated_engine_model": "vllm_v1"}
 
 
@@ -119,8 +119,9 @@ def replay_agreement(tag: str, cost_tag: str, *, slai_clock: str = "measured", a
     """The case replayed with its own step times (:func:`portbench.fidelity.replayed_cost_comparison`,
     ``cost_tag``'s cost past a run's last step): ``steps`` and ``requests`` (the agreement tables by
     policy), ``classes`` (the disagreement classes counted), ``choice`` (agreement on the steps where
-    the engine had a choice, where the step log tells), ``means`` (the share of agreeing steps and
-    requests)."""
+    the engine had a choice, where the step log tells), ``hol`` (agreement on the steps at which
+    ``vllm_faithful``'s head-of-line rule fired, where the step log has its batches), ``means`` (the
+    share of agreeing steps and requests)."""
     from .. import repeatability
     from . import agreement_table, class_counts, replayed_cost_comparison
 
@@ -133,6 +134,9 @@ def replay_agreement(tag: str, cost_tag: str, *, slai_clock: str = "measured", a
                "means": values_frame({"steps": float(st["agree"].mean()), "requests": float(rq["agree"].mean())})}
         if {"running_before", "waiting_before"} <= set(case["steps"].columns):
             out["choice"] = repeatability.agreement_on_choice_steps(st, case["steps"])
+        if "scheduled" in case["steps"] and "submit_step" in case["requests"]:
+            out["hol"] = repeatability.agreement_on_hol_steps(st, repeatability.head_of_line_steps(
+                case["steps"], case["requests"], case["runs"]))
         return out
 
     return _case_result(f"replay_{slai_clock}_{arrivals}", tag, compute, cost_tag=cost_tag,
@@ -240,6 +244,24 @@ def noise(tag: str, *, n_resamples: int, seed: int, data_dir=None, refresh=False
                         data_dir=data_dir, refresh=refresh)["table"]
 
 
+def lifetime_speed_noise(tag: str, *, n_resamples: int, seed: int, data_dir=None, refresh=False) -> pd.DataFrame:
+    """:func:`noise` once each request's simulated latencies are stretched by the host's measured
+    speed over its life (:func:`portbench.repeatability.with_lifetime_speed`; the step cost
+    cross-validated by window, as :func:`counterpart` fits it)."""
+    from .. import repeatability
+    from ..engine.stepcost import cross_validated_step_error
+
+    def compute():
+        case = load(tag, data_dir)
+        c = counterpart(tag, data_dir=data_dir)
+        speed = repeatability.lifetime_speed(c, cross_validated_step_error(case["steps"], case["runs"], kind="rich"))
+        paired = repeatability.paired_errors(repeatability.with_lifetime_speed(c, speed))
+        return {"table": repeatability.noise_table(paired, n_resamples=n_resamples, seed=seed)}
+
+    return _case_result("lifetime_speed_noise", tag, compute, params={"n_resamples": n_resamples, "seed": seed},
+                        data_dir=data_dir, refresh=refresh)["table"]
+
+
 def run_speed(tag: str, *, data_dir=None, refresh=False) -> pd.DataFrame:
     """Each run's speed factor (:func:`portbench.fidelity.run_speed_factors`)."""
     from . import run_speed_factors
@@ -298,7 +320,7 @@ def refresh(*, n_resamples: int = 2000, seed: int = 0, force: bool = False, data
     from ..campaign import results_path
 
     t = BOOK_CASES
-    guarded, equal, fixed = t["real_engine_tag"], t["equal_tag"], t["fixed_tag"]
+    guarded, equal, fixed, choice = t["real_engine_tag"], t["equal_tag"], t["fixed_tag"], t["choice_tag"]
     boot = {"n_resamples": n_resamples, "seed": seed}
     jobs = [
         lambda: profile_comparison(guarded, guarded, data_dir=data_dir, refresh=force),
@@ -316,8 +338,13 @@ def refresh(*, n_resamples: int = 2000, seed: int = 0, force: bool = False, data
         lambda: [replay_agreement(tag, guarded, arrivals=a, data_dir=data_dir, refresh=force)
                  for tag in (equal, fixed) for a in ("trace", "submitted")],
         lambda: noise(fixed, **boot, data_dir=data_dir, refresh=force),
+        lambda: lifetime_speed_noise(fixed, **boot, data_dir=data_dir, refresh=force),
         lambda: run_speed(fixed, data_dir=data_dir, refresh=force),
         lambda: admission_order(fixed, data_dir=data_dir, refresh=force),
+        lambda: [f(choice, **kw, data_dir=data_dir, refresh=force)
+                 for f, kw in ((replay_agreement, {"cost_tag": guarded, "arrivals": "submitted"}),
+                               (admission_order, {}), (noise, boot))]
+        if results.setup_case(choice, data_dir).has("runs") else None,
         lambda: hol(results_path(BOOK_ENGINES["engine_model"], data_dir), **boot, data_dir=data_dir, refresh=force),
         lambda: [headline(results_path(BOOK_ENGINES[e], data_dir), **boot, data_dir=data_dir, refresh=force)
                  for e in BOOK_ENGINES if results_path(BOOK_ENGINES[e], data_dir).exists()],

@@ -280,9 +280,11 @@ def _steps_frame(info: dict) -> pd.DataFrame:
     return df
 
 
-def _engine_max_model_len(info: dict) -> float:
+def _engine_setting(info: dict, key: str) -> float:
+    """The replay's engine setting ``key`` (``max_model_len``, ``max_num_seqs``), NaN where the
+    backend does not report it."""
     cfg = info.get("engine_config") or {}
-    value = cfg.get("max_model_len") if isinstance(cfg, dict) else None
+    value = cfg.get(key) if isinstance(cfg, dict) else None
     return float(value) if value is not None else np.nan
 
 
@@ -491,7 +493,8 @@ def _run_row(config: CaseConfig, w, rep: int, policy: str, cal: dict, t: _Try, n
             "n_steps": int(result.n_steps), "n_preemptions": int(result.n_preemptions),
             "mean_step_ms": info.get("mean_step_ms", np.nan),
             "mean_schedule_ms": info.get("mean_schedule_ms", np.nan),
-            "max_model_len": _engine_max_model_len(info), "n_refused": len(set(info.get("rejected", ()))),
+            "max_model_len": _engine_setting(info, "max_model_len"),
+            "max_num_seqs": _engine_setting(info, "max_num_seqs"), "n_refused": len(set(info.get("rejected", ()))),
             "probe_before_s": before.get("wall_s", np.nan),
             "probe_after_s": after.get("wall_s", np.nan), "probe_ref_s": t.ref,
             "probe_before_step_s": before.get("mean_step_s", np.nan),

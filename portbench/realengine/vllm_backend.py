@@ -58,7 +58,7 @@ from . import (PROBE_REPEATS, PROBE_WARMUP, ModelShape, environment, probe_windo
                steady_probe, to_run_result)
 from ..metrics import run_span_s
 from ..workload import Window
-from .vllm_settings import (EQUAL_ADMISSION, POLICIES, REFUSAL_RULE, STUDY_ENGINE,  # noqa: F401
+from .vllm_settings import (CHOICE_ENGINE, EQUAL_ADMISSION, POLICIES, REFUSAL_RULE, STUDY_ENGINE,  # noqa: F401
                             STUDY_KV_CACHE_GIB, STUDY_LAMBDA_POLICY, EngineConfig, PolicySpec,
                             engine_config, policy_spec, priorities)
 

@@ -142,6 +142,16 @@ POLICIES: dict[str, PolicySpec] = {
 #: them is scheduling on the same accepted requests.
 EQUAL_ADMISSION = {"max_model_len": 2560}
 
+#: A case with choices in it (``rq6_vllm_cpu.py --config choice``): the equal-admission case's
+#: settings and load (its λ_ref, at HIGH_PRESSURE), with the engine's sequence cap lowered from 256
+#: to 8 for both policies. At the equal case's own settings the engine ran everything it could see at
+#: about nine steps in ten (at most 8 requests running at about 70% of ``vllm_faithful``'s steps), so
+#: a replay that agrees there says little about the rules. With 8 seats, requests queue in the
+#: engine, where the policy orders them; ``vllm_faithful``'s whole-prompt admission (no chunked
+#: prefill, a 2,560-token budget) then stops at a prompt that does not fit the budget left, ahead of
+#: others that would (vLLM's head-of-line rule).
+CHOICE_ENGINE = {**EQUAL_ADMISSION, "max_num_seqs": 8}
+
 #: The study's real-system configuration, as far as it carries to a tiny model on a CPU
 #: (``rq6_vllm_cpu.py --config study``). From the study's repository
 #: (SoroushVahidi/llm-serving-scheduler-robustness-benchmark):
