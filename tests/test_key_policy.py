@@ -3,7 +3,8 @@
 - under both engine models, ``fifo`` is "propose the queue as it stands", and a key policy with one
   key for every request is ``fifo``;
 - the engine model decides what happens to a proposal that does not fit (``lssp``: skipped and the
-  walk goes on; ``vllm_v1``: head-of-line on the first chunk's blocks and the token budget);
+  walk goes on; ``vllm_v1``: head-of-line on the blocks of the whole prompt (vLLM 0.32; of the first chunk
+  with ``reserve_full_isl=False``) and the token budget);
 - a policy that declares nothing is asked at every step (exact by construction), and the same
   policy declaring ``event_driven`` is held to its promise;
 - bad proposals and writes to the view are refused with clear errors, and the package has no import
@@ -84,16 +85,21 @@ def test_lssp_skips_a_misfit_and_walks_on():
     assert np.isnan(r.admit_s[0]) and r.admit_s[1] == 0.0
 
 
-def test_vllm_v1_admits_on_the_first_chunk_and_stops_at_its_first_refusal():
-    # 500 KV tokens, budget 64: the 900-token prompt needs only its first chunk's 4 blocks to be
-    # admitted (chunked prefill), so it is admitted first, as vLLM v1 does; with 48 KV tokens
-    # (3 blocks) it cannot get them, and admission stops there: request 1 waits behind it.
+def test_vllm_v1_stops_admission_at_its_first_refusal():
+    # 500 KV tokens (31 blocks), budget 64. vLLM 0.32 admits a request only when the blocks of its
+    # whole prompt are free (reserve_full_isl, its default): the 900-token prompt (57 blocks) never
+    # is, and admission stops there, so request 1 waits behind it. Admitting on the first chunk's
+    # blocks only (vLLM before that option), it is admitted at once (4 blocks); with 48 KV tokens
+    # (3 blocks) not even those, and request 1 waits again.
     w = two_requests_big_first()
-    r = sim.simulate(w, make_policy("fifo"), VllmV1Model(max_num_batched_tokens=64, max_kv_tokens=500,
-                                                         drain_s=0.05))
-    assert r.admit_s[0] == 0.0
-    r = sim.simulate(w, make_policy("fifo"), VllmV1Model(max_num_batched_tokens=64, max_kv_tokens=48,
-                                                         drain_s=0.05))
+
+    def run(**limits):
+        return sim.simulate(w, make_policy("fifo"), VllmV1Model(max_num_batched_tokens=64, drain_s=0.05, **limits))
+
+    r = run(max_kv_tokens=500)
+    assert np.isnan(r.admit_s[0]) and np.isnan(r.admit_s[1])
+    assert run(max_kv_tokens=500, reserve_full_isl=False).admit_s[0] == 0.0
+    r = run(max_kv_tokens=48, reserve_full_isl=False)
     assert np.isnan(r.admit_s[0]) and np.isnan(r.admit_s[1])
 
 

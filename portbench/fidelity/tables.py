@@ -341,10 +341,10 @@ def refresh(*, n_resamples: int = 2000, seed: int = 0, force: bool = False, data
         lambda: lifetime_speed_noise(fixed, **boot, data_dir=data_dir, refresh=force),
         lambda: run_speed(fixed, data_dir=data_dir, refresh=force),
         lambda: admission_order(fixed, data_dir=data_dir, refresh=force),
-        lambda: [f(choice, **kw, data_dir=data_dir, refresh=force)
-                 for f, kw in ((replay_agreement, {"cost_tag": guarded, "arrivals": "submitted"}),
-                               (admission_order, {}), (noise, boot))]
-        if results.setup_case(choice, data_dir).has("runs") else None,
+        lambda: results.setup_case(choice, data_dir).has("runs") and [
+            replay_agreement(choice, guarded, arrivals="submitted", data_dir=data_dir, refresh=force),
+            admission_order(choice, data_dir=data_dir, refresh=force),
+            noise(choice, **boot, data_dir=data_dir, refresh=force)],
         lambda: hol(results_path(BOOK_ENGINES["engine_model"], data_dir), **boot, data_dir=data_dir, refresh=force),
         lambda: [headline(results_path(BOOK_ENGINES[e], data_dir), **boot, data_dir=data_dir, refresh=force)
                  for e in BOOK_ENGINES if results_path(BOOK_ENGINES[e], data_dir).exists()],
