@@ -200,34 +200,37 @@ def agreement_on_choice_steps(replay_steps: pd.DataFrame, steps: pd.DataFrame) -
 
 
 def head_of_line_steps(steps: pd.DataFrame, requests: pd.DataFrame, runs: pd.DataFrame, *,
-                       policy: str = "vllm_faithful", budget: int = 2560, default_seqs: int = 256) -> pd.DataFrame:
+                       policy: str = "vllm_faithful", budget: int | None = None) -> pd.DataFrame:
     """The steps of ``policy``'s kept runs at which vLLM's head-of-line rule fired: with chunked
     prefill off, the waiting queue's head (the earliest submitted request not yet admitted) did not
     fit the token budget left at that step, while the engine had a seat free (fewer scheduled than
-    the run's ``max_num_seqs``), so admission stopped there. ``budget``: the policy's per-step token
-    budget (``vllm_faithful``: 2,560, chunked prefill off). Per step: :data:`RUN_KEYS`, ``step``,
+    the run's ``max_num_seqs``, else the policy's), so admission stopped there. ``budget``: the
+    per-step token budget (default: the policy's in :data:`portbench.fidelity.REAL_COUNTERPARTS`;
+    ``vllm_faithful``: 2,560, chunked prefill off). Per step: :data:`RUN_KEYS`, ``step``,
     ``head`` (request index; -1 without a waiting request), ``head_tokens``, ``budget_left``,
     ``fired`` and ``blocked`` (it fired while a request behind the head would have fit: the steps
     at which the rule, not the budget alone, decided the batch; a skip-the-misfit rule would have
     admitted that request). Needs the step log's ``scheduled`` batches and the requests' ``submit_step``."""
+    from .fidelity.cases import run_rows
+    from .fidelity.counterpart import REAL_COUNTERPARTS
     from .fidelity.schedules import real_batches
 
     if "scheduled" not in steps or "submit_step" not in requests:
         raise ValueError("head_of_line_steps needs the step log's scheduled batches and the requests' submit_step")
+    spec = REAL_COUNTERPARTS[policy]
+    budget = spec["budget"] if budget is None else budget
     s = steps[steps["kept"].astype(bool)] if "kept" in steps else steps
     out = []
     for _, run in runs[runs["policy"] == policy].iterrows():
         key = tuple(run[k] for k in RUN_KEYS)
-        rs = s[(s["window_id"] == key[0]) & (s["policy"] == key[1]) & (s["repetition"] == key[2])]
-        rs = rs.sort_values("step")
-        rq = requests[(requests["window_id"] == key[0]) & (requests["policy"] == key[1])
-                      & (requests["repetition"] == key[2])]
+        rs = run_rows(s, run).sort_values("step")
+        rq = run_rows(requests, run)
         if "attempt" in rq and "attempt" in rs and len(rs):
             rq = rq[rq["attempt"] == rs["attempt"].iloc[0]]
         if "refused" in rq:
             rq = rq[~rq["refused"].astype(bool)]
         seats = run.get("max_num_seqs", np.nan)
-        seats = default_seqs if pd.isna(seats) else int(seats)
+        seats = spec["seqs"] if pd.isna(seats) else int(seats)
         batches = real_batches(rs)
         first = {}
         for k, batch in zip(rs["step"].to_numpy(), batches):
