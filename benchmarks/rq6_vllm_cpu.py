@@ -47,6 +47,7 @@ import dataclasses
 import time
 
 import numpy as np
+import pandas as pd
 
 from portbench import results, store
 from portbench.realengine import ModelShape
@@ -88,17 +89,23 @@ CONFIGS = {
 DEFAULT_RUN_S, PROBE_S, PREFILL_TOKENS_PER_S, STEP_S = 21.9, 0.25, 50_000.0, 0.05
 
 
-def progress_on_disk(case: results.Case, fresh: bool) -> tuple[int, int]:
-    """(runs done, real-engine λ_ref searches done) of ``case`` (0, 0 when starting fresh)."""
+def progress_on_disk(case: results.Case, fresh: bool, windows=None, repetitions=None) -> tuple[int, int]:
+    """(runs done, real-engine λ_ref searches done) of ``case`` (0, 0 when starting fresh), counting
+    only the runs of ``windows`` below ``repetitions`` when given."""
     if fresh:
         return 0, 0
-    done = len(case.runs) if case.runs is not None else 0
-    return done, len(case.provenance.get("lambda_ref_real", {}))
+    runs = case.runs if case.runs is not None else pd.DataFrame(columns=["window_id", "repetition"])
+    if windows is not None:
+        runs = runs[runs["window_id"].isin(windows)]
+    if repetitions is not None:
+        runs = runs[runs["repetition"] < repetitions]
+    lambdas = case.provenance.get("lambda_ref_real", {})
+    return len(runs), len(lambdas if windows is None else [w for w in lambdas if w in windows])
 
 
 def case_windows(args) -> list[str]:
     """The case's window ids, ``--windows-per-source`` of each source, in manifest order."""
-    return [wid for s in CASE_SOURCES
+    return [wid for s in args.sources
             for wid in store.list_windows(args.data_dir, s)["window_id"][:args.windows_per_source]]
 
 
@@ -118,9 +125,9 @@ def plan(args, case: results.Case, grid, shared: dict | None = None):
     """Runs to do and an estimated duration (s), from earlier runs on disk where there are any;
     ``shared``: λ_ref entries reused from another case (:func:`shared_lambda_refs`)."""
     shared = shared or {}
-    n_windows = len(CASE_SOURCES) * args.windows_per_source
+    n_windows = len(args.sources) * args.windows_per_source
     n_runs = n_windows * len(CASE_POLICIES) * args.repetitions
-    done, cal_done = progress_on_disk(case, args.fresh)
+    done, cal_done = progress_on_disk(case, args.fresh, case_windows(args), args.repetitions)
     walls, walls_from = [], "default"
     for earlier, part in ((case, "attempts"), (results.Case("vllm_cpu_guarded_case", args.data_dir), "attempts"),
                           (results.Case("vllm_cpu_case", args.data_dir), "runs")):
@@ -195,6 +202,8 @@ def load_profile(case: results.Case):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     case_arguments(ap, windows_per_source=8, tag=None)
+    ap.add_argument("--sources", nargs="+", choices=list(CASE_SOURCES), default=list(CASE_SOURCES),
+                    help="run these sources only (e.g. more repetitions where a difference is not settled)")
     ap.add_argument("--config", choices=list(CONFIGS), default="policy",
                     help="engine configuration of both policies (default tag: "
                          + ", ".join(f"{k} -> {v['tag']}" for k, v in CONFIGS.items()) + ")")
@@ -227,7 +236,7 @@ def main():
     print(f"config [{args.config}]: engine settings {settings}; λ_ref searched on {args.lambda_policy}"
           + (f" ({est['lambda_shared']} reused from {args.lambda_refs_from})" if shared else "")
           + (f"; profile and speed ratio from {args.profile_from}" if args.profile_from else ""), flush=True)
-    print(f"plan [{tag}]: {len(CASE_SOURCES)} sources x {args.windows_per_source} windows x "
+    print(f"plan [{tag}]: {len(args.sources)} sources x {args.windows_per_source} windows x "
           f"{len(CASE_POLICIES)} policies x {args.repetitions} repetitions = {est['runs_total']} runs "
           f"({est['runs_done']} done, {est['runs_to_do']} to do); {est['lambda_searches']} λ_ref searches "
           f"(~{est['calibration_replays_est']} replays); ~{est['host_probes_est']} host probes", flush=True)
@@ -271,7 +280,8 @@ def main():
     print(f"decode step {tuning['decode_step_s'] * 1e3:.2f} ms -> speed ratio {speed_ratio:.3g}", flush=True)
 
     budget = None if args.budget_s is None else max(0.0, args.budget_s - (time.perf_counter() - t0))
-    runs = run_case(CaseConfig("vllm", n_per_source=args.windows_per_source, speed_ratio=speed_ratio,
+    runs = run_case(CaseConfig("vllm", n_per_source=args.windows_per_source, sources=tuple(args.sources),
+                               speed_ratio=speed_ratio,
                                bisection_steps=args.bisection_steps, bracket_factor=args.bracket_factor,
                                repetitions=args.repetitions, drift_tolerance=args.drift_tolerance,
                                max_retries=args.max_retries, retry_wait_s=args.retry_wait_s,

@@ -201,6 +201,22 @@ def test_a_stopped_case_resumes_without_repeating_a_run(tmp_path, stop_after):
     assert len(requests) == len(pd.read_parquet(out_dir(tmp_path / "full") / "r_requests.parquet"))
 
 
+def test_a_stopped_case_has_every_window_at_about_the_same_repetitions(tmp_path):
+    """The plan goes repetition by repetition, so a case stopped part-way (here by its time budget,
+    after the first run) is balanced; a resumed session that adds repetitions to one source keeps
+    every source and the most repetitions in the case's settings."""
+    ws = windows(2)
+    engine = FakeEngine()
+    kw = dict(windows=ws, tag="b", progress=False, speed_ratio=0.1, bisection_steps=2, data_dir=tmp_path)
+    runs = run_case(engine.backend(), repetitions=3, **kw)
+    order = [(r.repetition, r.window_id) for r in runs.itertuples() if r.policy == runs["policy"].iloc[0]]
+    assert order == sorted(order, key=lambda x: x[0]) and len({w for _, w in order[:2]}) == 2
+    merged = study._merged_settings({"sources": ["a", "b"], "repetitions": 3},
+                                    {"sources": ["b"], "repetitions": 5, "region": "x"})
+    assert merged == {"sources": ["a", "b"], "repetitions": 5, "region": "x"}
+    assert study._merged_settings({}, {"sources": ["b"], "repetitions": 2}) == {"sources": ["b"], "repetitions": 2}
+
+
 def test_a_finished_case_runs_nothing_on_restart(tmp_path):
     ws = windows(1)
     kw = dict(windows=ws, tag="done", data_dir=tmp_path, progress=False, speed_ratio=0.1)

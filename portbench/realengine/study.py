@@ -362,13 +362,15 @@ def _open_session(config: CaseConfig, name: str, windows: list, resume: bool) ->
     runs = rows("runs")
     lambdas = _lambda_refs(meta_old.get("lambda_ref_real", {}), config.lambda_refs)
     done = {tuple(r[k] for k in RUN_KEY) for r in runs}
-    plan = [(w, rep, policy) for w in windows for rep in range(config.repetitions) for policy in config.policies
+    # repetition by repetition: a case stopped part-way leaves every window with as many repetitions
+    # as the others, give or take one
+    plan = [(w, rep, policy) for rep in range(config.repetitions) for w in windows for policy in config.policies
             if (w.window_id, policy, rep) not in done]
     if stored is not None:
         print(f"resuming {case.tag}: {len(runs)} runs done, {len(plan)} to go", flush=True)
     meta = {
         "backend": name,
-        "case": config.settings(),
+        "case": _merged_settings(meta_old.get("case", {}), config.settings()),
         "probe": {"requests": PROBE_REQUESTS, "prompt_tokens": PROBE_PROMPT_TOKENS,
                   "output_tokens": PROBE_OUTPUT_TOKENS, "arrival_s": 0.0, "warmup": int(config.probe_warmup),
                   "repeats": int(config.probe_repeats)},
@@ -378,11 +380,23 @@ def _open_session(config: CaseConfig, name: str, windows: list, resume: bool) ->
         "probe_reference": dict(meta_old.get("probe_reference", {})),
         "lambda_ref_real": lambdas,
         "sessions": list(meta_old.get("sessions", [])) + [
-            {"started": _now(), "runs_before": len(runs), "max_retries": config.max_retries,
+            {"started": _now(), "runs_before": len(runs), "sources": list(config.sources),
+             "repetitions": config.repetitions, "max_retries": config.max_retries,
              "retry_wait_s": config.retry_wait_s}],
     }
     session = _Session(case, meta, runs, rows("attempts"), rows("calibration"), frames("requests"), frames("steps"))
     return session, plan
+
+
+def _merged_settings(stored: dict, now: dict) -> dict:
+    """The case's settings after a resumed session: this session's, with the sources and the
+    repetitions of every session (a session may add repetitions to some sources only)."""
+    if not stored:
+        return now
+    merged = dict(now)
+    merged["sources"] = list(dict.fromkeys(list(stored.get("sources", [])) + list(now["sources"])))
+    merged["repetitions"] = max(int(stored.get("repetitions", 0)), int(now["repetitions"]))
+    return merged
 
 
 def _now() -> str:
