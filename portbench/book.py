@@ -208,7 +208,7 @@ def _check_source_pair(v):
     from . import store
     if len(v) != 2 or v[0] == v[1]:
         return f"must name two different sources, got {v!r}"
-    known = sorted(set(store.list_windows()["source"]))
+    known = sorted(set(store.list_windows(every_source=True)["source"]))   # a named source may be any
     unknown = [s for s in v if s not in known]
     return f"unknown source(s) {unknown}; sources: {', '.join(known)}" if unknown else None
 

@@ -47,7 +47,9 @@ RESULT_COLUMNS = IDENTITY_COLUMNS + list(METRICS) + DIAGNOSTIC_COLUMNS + ["cell_
 
 @dataclasses.dataclass(frozen=True)
 class CampaignConfig:
-    """What to simulate. ``window_ids=None`` means every window in the store.
+    """What to simulate. ``window_ids=None`` means every window of the study's three sources
+    (``store.SOURCES_OF_THE_STUDY``): a source added to the store later joins a campaign only when its
+    window ids are named, so adding one neither grows nor invalidates the study's tables.
 
     ``prediction_error``: relative error of the output-length predictions the cells' policies see
     (the study's 0.2 = the frozen predictions). λ_ref is always calibrated on the frozen window: the
@@ -86,14 +88,23 @@ class CampaignConfig:
             raise ValueError("a campaign needs at least one policy, region and SLO multiplier")
 
 
-def code_fingerprint() -> str:
-    """sha256 over the source of the modules that decide results."""
+#: Engine-model files that decide only their own model's results (``vllm_native`` steps vLLM's
+#: scheduler): an edit there leaves every other engine model's tables current.
+_OWN_MODEL_FILES = {"engine/vllm_native.py": "vllm_native"}
+
+
+def code_fingerprint(engine_model: str | None = None) -> str:
+    """sha256 over the source of the modules that decide ``engine_model``'s results (every engine
+    model's shared code, and a file of :data:`_OWN_MODEL_FILES` only for its own model)."""
     root = Path(__file__).resolve().parent
     h = hashlib.sha256()
     for name in _RESULT_MODULES:
         path = root / name
         files = sorted(path.rglob("*.py")) if path.is_dir() else [path]
         for f in files:
+            own = _OWN_MODEL_FILES.get(f.relative_to(root).as_posix())
+            if own is not None and own != engine_model:
+                continue
             h.update(f.relative_to(root).as_posix().encode())
             h.update(f.read_bytes())
     return h.hexdigest()
@@ -200,7 +211,7 @@ def run_campaign(config: CampaignConfig | None = None, *, data_dir: Path | None 
     config = config or CampaignConfig()
     t0 = time.perf_counter()
     windows = store.load_windows(data_dir, window_ids=config.window_ids)
-    fingerprint = code_fingerprint()
+    fingerprint = code_fingerprint(config.engine_model)
     cache = results.ShardCache(cache_dir(config.engine_model, data_dir, config.prediction_error),
                                RESULT_COLUMNS, merge_on=("region", "policy"))
     wanted = [(r, p) for r in config.regions for p in config.policies]
@@ -264,11 +275,11 @@ def results_are_current(config: CampaignConfig, data_dir: Path | None = None) ->
     saved = results.read_stamp(path) if path.exists() else None
     if saved is None:
         return False
-    manifest = store.list_windows(data_dir)
+    manifest = store.list_windows(data_dir, every_source=config.window_ids is not None)
     if config.window_ids is not None:
         manifest = manifest[manifest["window_id"].isin(config.window_ids)]
     return saved == campaign_stamp(config, zip(manifest["window_id"], manifest["sha256"]),
-                                   code_fingerprint())
+                                   code_fingerprint(config.engine_model))
 
 
 def _execute(task, arguments, executor, workers, address):

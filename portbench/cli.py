@@ -19,7 +19,7 @@ from pathlib import Path
 
 def _windows_list(args) -> int:
     from . import store
-    manifest = store.list_windows(args.data_dir, args.source)
+    manifest = store.list_windows(args.data_dir, args.source, every_source=True)
     cols = ["source", "window_id", "n_requests", "paper_lambda_ref"]
     with _pandas_display():
         print(manifest[cols].to_string(index=False))
@@ -32,7 +32,7 @@ def _windows_describe(args) -> int:
     import numpy as np
     from . import store
     windows = ([store.load_window(args.window_id, args.data_dir)] if args.window_id
-               else store.load_windows(args.data_dir, args.source))
+               else store.load_windows(args.data_dir, args.source, every_source=True))
     rows = []
     for w in windows:
         rows.append({"window_id": w.window_id, "source": w.source, "n": len(w),
@@ -113,13 +113,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = wsub.add_parser(
         "add", help="cut windows from a raw trace file and add them as a new source",
         description="Read a raw trace (BurstGPT CSV, Azure LLM inference CSV, Alibaba Bailian JSONL/CSV, "
-                    "or any CSV with --format csv --columns), cut windows of consecutive valid requests "
-                    "with the study's seeded stride sampler, synthesise predicted output lengths, and add "
-                    "them to data/windows/ with checksums. A malformed file is refused with the row and "
-                    "field at fault; nothing is written then.")
+                    "Mooncake JSONL, plain or .xz, with prefix block hashes, or any CSV with --format csv "
+                    "--columns), cut windows of consecutive valid requests with the study's seeded stride "
+                    "sampler, synthesise predicted output lengths, and add them to data/windows/ with "
+                    "checksums. A malformed file is refused with the row (JSONL: line) and field at fault; "
+                    "nothing is written then. Campaigns take the new source only where it is named "
+                    "(--source or --windows).")
     p.add_argument("source", help="name of the new source, e.g. my_cluster_2026")
     p.add_argument("path", type=Path, help="raw trace file")
-    p.add_argument("--format", required=True, choices=["burstgpt", "azure", "bailian", "csv"])
+    p.add_argument("--format", required=True, choices=["burstgpt", "azure", "bailian", "mooncake", "csv"])
     p.add_argument("--n-windows", type=int, default=40, help="windows to cut (default 40)")
     p.add_argument("--window-size", type=int, default=200, help="requests per window (default 200)")
     p.add_argument("--seed", type=int, default=0, help="sampler and prediction seed (default 0)")

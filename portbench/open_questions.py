@@ -239,9 +239,10 @@ class SubWindowConfig:
             raise ValueError(f"SLO multiplier must be positive, got {self.slo_multiplier!r}")
 
 
-def fingerprint() -> str:
-    """The campaign's code fingerprint and this module's source: what decides an RQ8 cell."""
-    h = hashlib.sha256(code_fingerprint().encode())
+def fingerprint(engine_model: str | None = None) -> str:
+    """The campaign's code fingerprint (of ``engine_model``) and this module's source: what decides
+    an RQ8 cell."""
+    h = hashlib.sha256(code_fingerprint(engine_model).encode())
     h.update(Path(__file__).read_bytes())
     return h.hexdigest()
 
@@ -306,7 +307,7 @@ def subwindow_results_current(config: SubWindowConfig, data_dir: Path | None = N
     manifest = store.list_windows(data_dir)
     if config.window_ids is not None:
         manifest = manifest[manifest["window_id"].isin(config.window_ids)]
-    expected = _stamp(config, [], fingerprint())
+    expected = _stamp(config, [], fingerprint(config.engine_model))
     expected["windows"] = dict(zip(manifest["window_id"], manifest["sha256"]))
     return path.exists() and saved == expected
 
@@ -325,7 +326,7 @@ def run_subwindow_campaign(config: SubWindowConfig | None = None, *, data_dir: P
     config = config or SubWindowConfig()
     t0 = time.perf_counter()
     windows = store.load_windows(data_dir, window_ids=config.window_ids)
-    code = fingerprint()
+    code = fingerprint(config.engine_model)
     cache = results.ShardCache(results.subwindow_cache_dir(config.engine_model, config.window_size, data_dir),
                                RESULT_COLUMNS)
     wanted = [(r, p) for r in config.regions for p in config.policies]

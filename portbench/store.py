@@ -9,7 +9,20 @@ when free, else ``<source>.1.parquet``, ...), then the new manifest, which names
 ``parquet_file`` column, replaces the old one in one ``os.replace``; only then is the old file
 removed. A crash before that replace leaves the old manifest naming untouched files (at worst an
 unnamed file is left over, removed by the next write); a crash after it leaves the new store. A
-manifest without ``parquet_file`` (as shipped), or a row where it is empty, means ``<source>.parquet``.
+manifest without ``parquet_file`` (as the study's windows were first shipped), or a row where it is
+empty (the study's rows since), means ``<source>.parquet``.
+
+Which windows "all" means: :func:`list_windows` and :func:`load_windows` with no source and no window
+ids named give the windows of :data:`SOURCES_OF_THE_STUDY` only (``every_source=True``: every source
+in the store). Campaigns, stored results, the book and the tests take that default, so a source added
+later (``portbench windows add``) neither joins nor invalidates the study's tables; it takes part
+wherever its source or its window ids are named.
+
+Prefix-hashed sources (e.g. Mooncake's traces) keep each request's prompt-block hash ids in a list
+column ``block_hashes`` of their Parquet file, and their manifest rows say how many prompt tokens a
+block holds (``block_tokens``). Their ``sha256`` covers the hashes too (:func:`rows_sha256`); sources
+without hashes have no such column and keep the checksum they always had. :func:`load_block_hashes`
+reads them (outside :class:`~portbench.workload.Window`, which the engines see).
 """
 
 from __future__ import annotations
@@ -34,6 +47,8 @@ REQUEST_COLUMNS = ["window_id", "request_index", "arrival_s", "input_tokens", "o
 MANIFEST_COLUMNS = ["source", "window_id", "n_requests", "sha256", "paper_lambda_ref"]
 #: Optional manifest column: the Parquet file (in the store folder) holding the row's window.
 FILE_COLUMN = "parquet_file"
+#: Optional request column of a prefix-hashed source: each request's prompt-block hash ids.
+HASH_COLUMN = "block_hashes"
 SOURCES_OF_THE_STUDY = ("azure_llm_2024", "bailian_qwen", "burstgpt")
 
 
@@ -51,12 +66,23 @@ def windows_dir(data_dir: Path | None = None) -> Path:
     return Path(data_dir or default_data_dir()) / "windows"
 
 
-def rows_sha256(arrival_s, input_tokens, output_tokens, predicted_output_tokens) -> str:
-    """Content hash of a window's rows: the four columns as little-endian float64/int64 bytes."""
+def rows_sha256(arrival_s, input_tokens, output_tokens, predicted_output_tokens,
+                block_hashes=None) -> str:
+    """Content hash of a window's rows: the four columns as little-endian float64/int64 bytes.
+
+    ``block_hashes`` (one sequence of ints per request, prefix-hashed sources only) follow as each
+    request's hash count, then all the hashes, as int64: the counts delimit the lists, so moving a
+    hash from one request to the next changes the digest too. Without them the digest is the one
+    the study's windows have always had.
+    """
     h = hashlib.sha256()
     h.update(np.ascontiguousarray(arrival_s, dtype="<f8").tobytes())
     for col in (input_tokens, output_tokens, predicted_output_tokens):
         h.update(np.ascontiguousarray(col, dtype="<i8").tobytes())
+    if block_hashes is not None:
+        lists = [np.asarray(b, dtype="<i8") for b in block_hashes]
+        h.update(np.array([len(b) for b in lists], dtype="<i8").tobytes())
+        h.update(np.concatenate(lists).tobytes() if lists else b"")
     return h.hexdigest()
 
 
@@ -151,29 +177,50 @@ def _source_table(data_dir: Path | None, entry) -> pd.DataFrame:
     return _read_source_table(str(path), (st.st_mtime_ns, st.st_ino, st.st_size))
 
 
-def list_windows(data_dir: Path | None = None, source: str | None = None) -> pd.DataFrame:
-    """The manifest, optionally for one source."""
+def list_windows(data_dir: Path | None = None, source: str | None = None, *,
+                 every_source: bool = False) -> pd.DataFrame:
+    """The manifest rows of ``source``; with none named, of the study's sources, or of every source
+    with ``every_source`` (module docstring: why the study's by default)."""
     manifest = read_manifest(data_dir)
     if source is not None:
         if source not in set(manifest["source"]):
             raise KeyError(f"unknown source {source!r}; known: {sorted(set(manifest['source']))}")
         manifest = manifest[manifest["source"] == source]
+    elif not every_source:
+        manifest = manifest[manifest["source"].isin(SOURCES_OF_THE_STUDY)]
     return manifest.reset_index(drop=True)
 
 
-def load_window(window_id: str, data_dir: Path | None = None) -> Window:
-    """Load one window and verify its checksum."""
+def _entry(window_id: str, data_dir: Path | None) -> pd.Series:
     manifest = read_manifest(data_dir)
     entry = manifest[manifest["window_id"] == window_id]
     if entry.empty:
         raise KeyError(f"unknown window {window_id!r} (see `portbench windows list`)")
-    return _window_from_entry(entry.iloc[0], data_dir)
+    return entry.iloc[0]
+
+
+def load_window(window_id: str, data_dir: Path | None = None) -> Window:
+    """Load one window (of any source) and verify its checksum."""
+    return _window_from_entry(_entry(window_id, data_dir), data_dir)
+
+
+def load_block_hashes(window_id: str, data_dir: Path | None = None) -> list[np.ndarray]:
+    """Each request's prompt-block hash ids (int64 arrays, in request order) of a window of a
+    prefix-hashed source, checksum verified; the manifest's ``block_tokens`` says how many prompt
+    tokens a block holds."""
+    entry = _entry(window_id, data_dir)
+    rows = _verified_rows(entry, data_dir)
+    if HASH_COLUMN not in rows:
+        raise KeyError(f"window {window_id!r}: source {entry['source']!r} has no block hashes")
+    return [np.asarray(b, dtype=np.int64) for b in rows[HASH_COLUMN]]
 
 
 def load_windows(data_dir: Path | None = None, source: str | None = None,
-                 window_ids: Iterable[str] | None = None) -> list[Window]:
-    """Load and verify many windows (all of them by default), in manifest order."""
-    manifest = list_windows(data_dir, source)
+                 window_ids: Iterable[str] | None = None, *, every_source: bool = False) -> list[Window]:
+    """Load and verify many windows, in manifest order (``window_ids``: in that order). With no source
+    and no window ids named: the study's windows, or every window with ``every_source`` (module
+    docstring); named window ids may be of any source."""
+    manifest = list_windows(data_dir, source, every_source=every_source or window_ids is not None)
     if window_ids is not None:
         wanted = list(window_ids)
         unknown = sorted(set(wanted) - set(manifest["window_id"]))
@@ -183,22 +230,28 @@ def load_windows(data_dir: Path | None = None, source: str | None = None,
     return [_window_from_entry(row, data_dir) for _, row in manifest.iterrows()]
 
 
-def _window_from_entry(entry: pd.Series, data_dir: Path | None) -> Window:
+def _verified_rows(entry: pd.Series, data_dir: Path | None) -> pd.DataFrame:
+    """A window's request rows, in order, after checking them against the manifest's count and sha256."""
     table = _source_table(data_dir, entry)
     rows = table[table["window_id"] == entry["window_id"]].sort_values("request_index")
     if len(rows) != entry["n_requests"]:
         raise WindowStoreError(f"window {entry['window_id']!r}: manifest says {entry['n_requests']} "
                                f"requests, the store has {len(rows)}")
-    cols = [rows[c].to_numpy() for c in ("arrival_s", "input_tokens", "output_tokens",
-                                         "predicted_output_tokens")]
-    digest = rows_sha256(*cols)
+    cols = [rows[c].to_numpy() for c in REQUEST_COLUMNS[2:6]]
+    digest = rows_sha256(*cols, block_hashes=rows[HASH_COLUMN] if HASH_COLUMN in rows else None)
     if digest != entry["sha256"]:
         raise WindowStoreError(f"window {entry['window_id']!r} failed its checksum: its rows were "
                                f"changed since the manifest was written (expected {entry['sha256'][:12]}…, "
                                f"got {digest[:12]}…)")
+    return rows
+
+
+def _window_from_entry(entry: pd.Series, data_dir: Path | None) -> Window:
+    rows = _verified_rows(entry, data_dir)
     meta = {k: v for k, v in entry.items()
             if k not in ("source", "window_id", FILE_COLUMN) and not pd.isna(v)}
-    return make_window(entry["window_id"], entry["source"], *cols, meta=meta)
+    return make_window(entry["window_id"], entry["source"],
+                       *(rows[c].to_numpy() for c in REQUEST_COLUMNS[2:6]), meta=meta)
 
 
 def write_source(source: str, windows: list[dict], data_dir: Path | None = None, *,
@@ -206,8 +259,10 @@ def write_source(source: str, windows: list[dict], data_dir: Path | None = None,
     """Add (or with ``replace`` overwrite) a source's windows in the store, atomically.
 
     ``windows``: dicts with ``window_id``, the four request columns, optional ``source_record_id``
-    (list of str) and any extra manifest fields (``paper_lambda_ref`` defaults to NaN).
-    Returns the new manifest rows.
+    (list of str), optional ``block_hashes`` (one non-empty int sequence per request; all windows of
+    a source have them or none does; with a ``block_tokens`` field a request has at most
+    ceil(input / block_tokens) of them) and any extra manifest fields (``paper_lambda_ref`` defaults
+    to NaN). Returns the new manifest rows.
     """
     wdir = windows_dir(data_dir)
     manifest_path = wdir / "manifest.csv"
@@ -221,6 +276,9 @@ def write_source(source: str, windows: list[dict], data_dir: Path | None = None,
     clash = sorted(set(ids) & set(others["window_id"]))
     if clash:
         raise WindowStoreError(f"window ids already used by another source: {clash[:5]}")
+    hashed = {HASH_COLUMN in w for w in windows}
+    if len(hashed) > 1:
+        raise WindowStoreError(f"source {source!r}: some windows have {HASH_COLUMN} and some do not")
     frames, entries = [], []
     for w in windows:
         n = len(w["arrival_s"])
@@ -235,10 +293,14 @@ def write_source(source: str, windows: list[dict], data_dir: Path | None = None,
         })
         # Validates (sorted arrivals, positive tokens) before anything is written.
         make_window(w["window_id"], source, *(frame[c].to_numpy() for c in REQUEST_COLUMNS[2:6]))
+        if HASH_COLUMN in w:
+            frame[HASH_COLUMN] = pd.Series(_checked_hashes(w, frame["input_tokens"].to_numpy()),
+                                           index=frame.index, dtype=object)
         frames.append(frame)
-        extra = {k: v for k, v in w.items() if k not in REQUEST_COLUMNS}
+        extra = {k: v for k, v in w.items() if k not in (*REQUEST_COLUMNS, HASH_COLUMN)}
         entries.append({"source": source, "window_id": w["window_id"], "n_requests": n,
-                        "sha256": rows_sha256(*(frame[c].to_numpy() for c in REQUEST_COLUMNS[2:6])),
+                        "sha256": rows_sha256(*(frame[c].to_numpy() for c in REQUEST_COLUMNS[2:6]),
+                                              block_hashes=frame.get(HASH_COLUMN)),
                         "paper_lambda_ref": extra.pop("paper_lambda_ref", np.nan), **extra})
     table = pd.concat(frames, ignore_index=True)
     # The new rows go to a file the current manifest does not name (module docstring), so the live
@@ -270,6 +332,28 @@ def write_source(source: str, windows: list[dict], data_dir: Path | None = None,
         if stale.name not in keep:
             stale.unlink(missing_ok=True)
     return pd.DataFrame(entries)
+
+
+def _checked_hashes(window: dict, input_tokens: np.ndarray) -> list[np.ndarray]:
+    """A window's block hashes as int64 arrays, refused (naming the window and request) unless each
+    request has a non-empty list of integers, no longer than its prompt's blocks."""
+    hashes = window[HASH_COLUMN]
+    wid = window["window_id"]
+    if len(hashes) != len(input_tokens):
+        raise WindowStoreError(f"window {wid!r}: {len(hashes)} block-hash lists for "
+                               f"{len(input_tokens)} requests")
+    block = window.get("block_tokens")
+    out = []
+    for i, (h, n_in) in enumerate(zip(hashes, input_tokens)):
+        arr = np.asarray(h)
+        if arr.ndim != 1 or arr.size == 0 or arr.dtype.kind != "i":
+            raise WindowStoreError(f"window {wid!r}, request {i}: block hashes must be a non-empty list "
+                                   f"of integers, got {h!r}")
+        if block and arr.size > -(-int(n_in) // int(block)):
+            raise WindowStoreError(f"window {wid!r}, request {i}: {arr.size} block hashes for a "
+                                   f"{n_in}-token prompt of blocks of {block}")
+        out.append(arr.astype(np.int64))
+    return out
 
 
 def _named_files(manifest: pd.DataFrame) -> set[str]:

@@ -204,7 +204,7 @@ def random_cases(engine_model: str):
 @functools.lru_cache(maxsize=None)
 def real_cases(engine_model: str, n_windows: int = 2) -> tuple:
     """(window, engine model) pairs from the shipped windows at the HIGH_PRESSURE load (the first
-    window of the first ``n_windows`` sources, at the study's base SLO), where queues run long: at
+    window of the study's first ``n_windows`` sources, at its base SLO), where queues run long: at
     the λ_ref of ``data/results/lambda_ref_<engine>.csv`` when present, else calibrated here.
     ``vllm_v1_caps``: the ``vllm_v1`` cases with vLLM's long-prefill caps on (threshold 256, at most
     two prefills a step, one of them long). Loaded once per process (every policy checked reuses

@@ -1,13 +1,15 @@
 """Raw-trace readers and the study's window-cutting rule.
 
-The three raw formats of the study (BurstGPT, Azure LLM inference 2023/2024, Alibaba Bailian/Qwen)
-plus any CSV with a column mapping are read into one normalised frame:
+The three raw formats of the study (BurstGPT, Azure LLM inference 2023/2024, Alibaba Bailian/Qwen),
+Mooncake's prefix-hashed request traces, and any CSV with a column mapping are read into one
+normalised frame:
 
 ==================  ===========================================================================
 ``arrival_s``       float seconds since the first *valid* row (non-decreasing)
 ``input_tokens``    int64, > 0
 ``output_tokens``   int64, > 0
 ``source_record_id``  ``"<file name>:<valid-row index>"`` (0-based among valid rows, as the study)
+``block_hashes``    Mooncake only: each request's prompt-block hash ids (an int64 array)
 ==================  ===========================================================================
 
 Readers validate everything and raise :class:`TraceFormatError` naming the file, the row and the
@@ -26,6 +28,9 @@ Duplicate rows (decision):
 * Bailian: ``chat_id`` identifies a request, so a reused ``chat_id`` is an error. Equal
   (timestamp, tokens) with distinct ids is legitimate. A file without a ``chat_id`` column falls back
   to the Azure rule (timestamp + input + output).
+* Mooncake: no duplicate check. Its timestamps come in ticks about 3 s apart (dozens of requests
+  share one), and the conversation trace holds one line repeated verbatim, hashes included; with no
+  request id, a repeat cannot be told from two users sending the same turn.
 * ``allow_duplicates=True`` on :func:`read_azure` / :func:`read_bailian` keeps such rows instead.
 
 Window cutting (:func:`cut_windows`) follows the study's stride sampler; see
@@ -36,6 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import lzma
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -55,6 +61,11 @@ _CHUNK_ROWS = 1_000_000
 _TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 _NAN_WORDS = {"nan", "na", "n/a", "null", "none"}
 _SOURCE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+#: Prompt tokens per hashed block in the Mooncake traces (their ``hash_ids``).
+MOONCAKE_BLOCK_TOKENS = 512
+#: Chronology strata of a cut, in time order: window i of n is stratum ``3 i // n``, as the study
+#: labelled its 30 extension windows (10 each).
+STRATA = ("EARLY", "MIDDLE", "LATE")
 
 
 class TraceFormatError(ValueError):
@@ -87,6 +98,8 @@ class ReadReport:
     #: The first valid row's timestamp in the file's own clock (epoch seconds for Azure), to which
     #: ``arrival_s`` is relative.
     origin_s: float | None = None
+    #: Prompt tokens per block of the frame's ``block_hashes`` (prefix-hashed formats only).
+    block_tokens: int | None = None
 
     @property
     def rows_dropped(self) -> int:
@@ -247,10 +260,24 @@ def _csv_chunks(path: Path, required: Sequence[str]) -> Iterator[tuple[pd.DataFr
         raise TraceFormatError(path, 1, None, "no data rows after the header")
 
 
-def _json_rows(path: Path, required: Sequence[str],
-               optional: Sequence[str] = ()) -> Iterator[tuple[pd.DataFrame, np.ndarray]]:
-    """JSON lines (or one JSON array) as a single text frame; row n = line n (array: element n)."""
-    text = path.read_text(encoding="utf-8-sig")
+def _read_text(path: Path) -> str:
+    """A text file's contents, decompressed when its name ends in ``.xz`` (as Mooncake ships its traces)."""
+    if path.suffix.lower() != ".xz":
+        return path.read_text(encoding="utf-8-sig")
+    try:
+        with lzma.open(path, "rt", encoding="utf-8-sig") as fh:
+            return fh.read()
+    except lzma.LZMAError as exc:
+        raise TraceFormatError(path, None, None, f"not a readable .xz file: {exc}") from None
+
+
+def _json_rows(path: Path, required: Sequence[str], optional: Sequence[str] = (),
+               raw: Sequence[str] = ()) -> Iterator[tuple[pd.DataFrame, np.ndarray]]:
+    """JSON lines (or one JSON array) as a single text frame; row n = line n (array: element n).
+
+    Columns in ``raw`` keep their JSON values (lists stay lists; absent is None) instead of text.
+    """
+    text = _read_text(path)
     if not text.strip():
         raise TraceFormatError(path, 1, None, "empty file: no records")
     if text.lstrip().startswith("["):
@@ -279,6 +306,7 @@ def _json_rows(path: Path, required: Sequence[str],
         return "" if value is None else str(value)
     cols = {c: pd.Series([cell(rec.get(c)) for _, rec in records], dtype=str)
             for c in (*required, *optional) if c in required or any(c in r for _, r in records)}
+    cols.update({c: pd.Series([rec.get(c) for _, rec in records], dtype=object) for c in raw})
     yield pd.DataFrame(cols), np.array([n for n, _ in records], dtype=np.int64)
 
 
@@ -440,6 +468,49 @@ def read_bailian(path, *, allow_duplicates: bool = False) -> tuple[pd.DataFrame,
     return _read(path, spec, chunks, allow_duplicates)
 
 
+def _hash_ids_problem(ids, n_input: int) -> str | None:
+    """What is wrong with one request's Mooncake ``hash_ids`` value (None: nothing)."""
+    if ids is None:
+        return "missing value: expected a list of block hash ids"
+    if not isinstance(ids, list):
+        return f"expected a list of block hash ids, got {json.dumps(ids)}"
+    if not ids:
+        return "empty list: every prompt has at least one block"
+    bad = [h for h in ids if type(h) is not int or not -(2 ** 63) <= h < 2 ** 63]   # (bool is no id)
+    if bad:
+        return f"block hash id {json.dumps(bad[0])} is not a 64-bit integer"
+    blocks = -(-n_input // MOONCAKE_BLOCK_TOKENS)
+    if len(ids) > blocks:
+        return (f"{len(ids)} block hash ids, but a prompt of {n_input} tokens has only {blocks} "
+                f"block(s) of {MOONCAKE_BLOCK_TOKENS}")
+    return None
+
+
+def read_mooncake(path) -> tuple[pd.DataFrame, ReadReport]:
+    """Mooncake (FAST '25) request trace: JSON lines, plain or ``.xz``, with ``timestamp`` (ms from the
+    trace start), ``input_length``, ``output_length`` and ``hash_ids``.
+
+    The frame gains ``block_hashes``: each request's ``hash_ids``, the ids of its prompt's blocks of
+    ``report.block_tokens`` (512) tokens, equal ids meaning a shared prefix. A missing, empty or
+    non-integer list, or one longer than the prompt's ceil(input_length / 512) blocks, is an error
+    naming the line. No duplicate check (module docstring).
+    """
+    spec = _Spec("mooncake", "timestamp", "input_length", "output_length", time_scale=1e-3)
+    path = Path(path)
+    field = "hash_ids"
+    (chunk, rows), = _json_rows(path, [spec.time_col, spec.input_col, spec.output_col, field], raw=[field])
+    frame, report = _read(path, spec, iter([(chunk, rows)]))
+    report.block_tokens = MOONCAKE_BLOCK_TOKENS
+    hashes = []
+    for ids, row, n_in in zip(chunk[field], rows, frame["input_tokens"]):
+        problem = _hash_ids_problem(ids, int(n_in))
+        if problem:
+            raise TraceFormatError(path, int(row), field, problem)
+        hashes.append(np.array(ids, dtype=np.int64))
+    frame["block_hashes"] = pd.Series(hashes, index=frame.index, dtype=object)
+    return frame, report
+
+
 def read_generic_csv(path, columns: Mapping[str, str], time_unit: str = "s") -> tuple[pd.DataFrame, ReadReport]:
     """Any comma-separated trace. ``columns`` maps ``arrival_s``, ``input_tokens`` and ``output_tokens``
     to the file's column names. ``time_unit``: ``s``, ``ms``, ``us``, ``ns`` (numbers) or ``datetime``
@@ -458,7 +529,7 @@ def read_generic_csv(path, columns: Mapping[str, str], time_unit: str = "s") -> 
 
 #: ``fmt`` names accepted by :func:`read_trace` / :func:`add_source` (``csv`` = ``generic``, as the CLI says).
 READERS = {"burstgpt": read_burstgpt, "azure": read_azure, "bailian": read_bailian,
-           "generic": read_generic_csv, "csv": read_generic_csv}
+           "mooncake": read_mooncake, "generic": read_generic_csv, "csv": read_generic_csv}
 
 
 # --------------------------------------------------------------------------------------------
@@ -528,7 +599,8 @@ def cut_windows(frame: pd.DataFrame, *, n_windows: int, window_size: int = 200, 
     rebased to its first request and its predictions are
     ``synthesize_predictions(output, seed=prediction_seed_base + k)`` (the study's seeds by default).
     Returns dicts as :func:`portbench.store.write_source` takes them, with provenance fields
-    ``start_index_in_valid_rows``, ``sampling_seed`` and ``synthesis_seed`` for the manifest.
+    ``start_index_in_valid_rows``, ``chronology_stratum`` (:data:`STRATA`), ``sampling_seed`` and
+    ``synthesis_seed`` for the manifest, and the frame's ``block_hashes`` when it has them.
     """
     missing = [c for c in TRACE_COLUMNS[:3] if c not in frame]
     if missing:
@@ -540,6 +612,7 @@ def cut_windows(frame: pd.DataFrame, *, n_windows: int, window_size: int = 200, 
     outputs = frame["output_tokens"].to_numpy(dtype=np.int64)
     record_ids = (frame["source_record_id"].astype(str).to_numpy() if "source_record_id" in frame
                   else None)
+    hashes = frame["block_hashes"].to_numpy() if "block_hashes" in frame else None
     starts = stride_window_starts(len(frame), n_windows=n_windows, window_size=window_size, seed=seed,
                                   offset=offset, exclude=exclude)
     windows = []
@@ -548,7 +621,7 @@ def cut_windows(frame: pd.DataFrame, *, n_windows: int, window_size: int = 200, 
         span = slice(start, start + window_size)
         a = arrival[span]
         out = outputs[span].copy()
-        windows.append({
+        window = {
             "window_id": f"{source}_w{k:02d}",
             "arrival_s": a - a[0],
             "input_tokens": inputs[span].copy(),
@@ -556,9 +629,13 @@ def cut_windows(frame: pd.DataFrame, *, n_windows: int, window_size: int = 200, 
             "predicted_output_tokens": synthesize_predictions(out, seed=prediction_seed_base + k),
             "source_record_id": list(record_ids[span]) if record_ids is not None else None,
             "start_index_in_valid_rows": int(start),
+            "chronology_stratum": STRATA[3 * i // n_windows],
             "sampling_seed": int(seed),
             "synthesis_seed": int(prediction_seed_base + k),
-        })
+        }
+        if hashes is not None:
+            window["block_hashes"] = list(hashes[span])
+        windows.append(window)
     return windows
 
 
@@ -567,7 +644,8 @@ def cut_windows(frame: pd.DataFrame, *, n_windows: int, window_size: int = 200, 
 
 def read_trace(path, fmt: str, *, column_map: Mapping[str, str] | None = None,
                time_unit: str = "s") -> tuple[pd.DataFrame, ReadReport]:
-    """Dispatch to the reader for ``fmt`` (``burstgpt``, ``azure``, ``bailian``, ``generic``/``csv``)."""
+    """Dispatch to the reader for ``fmt`` (``burstgpt``, ``azure``, ``bailian``, ``mooncake``,
+    ``generic``/``csv``)."""
     if fmt not in READERS:
         raise ValueError(f"unknown trace format {fmt!r}; known: {sorted(READERS)}")
     if READERS[fmt] is read_generic_csv:
@@ -586,7 +664,9 @@ def add_source(source: str, path, *, fmt: str, n_windows: int, seed: int, window
     """Read a raw trace, cut windows and add them to the store as ``source``; returns manifest rows.
 
     Everything (reading, validation, cutting) completes before ``store.write_source`` is called, and
-    that write is atomic, so any error leaves the store untouched.
+    that write is atomic, so any error leaves the store untouched. A prefix-hashed format's windows
+    keep their block hashes (and ``block_tokens`` in the manifest), covered by their checksum.
+    The new source joins default campaigns only where it is named (:mod:`portbench.store`).
     """
     if not _SOURCE_NAME.match(source):
         raise ValueError(f"source name {source!r} must be letters, digits, '_', '.' or '-'")
@@ -594,11 +674,13 @@ def add_source(source: str, path, *, fmt: str, n_windows: int, seed: int, window
     if not replace and manifest_path.exists() and source in set(store.read_manifest(data_dir)["source"]):
         # Fail before reading a possibly huge file.
         raise store.WindowStoreError(f"source {source!r} already has windows; pass replace to overwrite")
-    frame, _ = read_trace(path, fmt, column_map=column_map, time_unit=time_unit)
+    frame, report = read_trace(path, fmt, column_map=column_map, time_unit=time_unit)
     windows = cut_windows(frame, n_windows=n_windows, window_size=window_size, seed=seed,
                           source=source, offset=offset)
     for w in windows:
         w["source_file"] = Path(path).name
+        if report.block_tokens:
+            w["block_tokens"] = report.block_tokens
     return store.write_source(source, windows, data_dir, replace=replace)
 
 

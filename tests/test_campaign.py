@@ -83,3 +83,12 @@ def test_bad_campaign_parameters_are_named():
         CampaignConfig(policies=("fifo",), engine_model="vidur")
     with pytest.raises(ValueError, match="SLO multiplier"):
         CampaignConfig(policies=("fifo",), slo_multipliers=(0,))
+
+
+def test_the_vllm_native_models_file_decides_only_its_own_tables():
+    """An edit of engine/vllm_native.py (vLLM's scheduler in virtual time) leaves the lssp and
+    vllm_v1 tables current: their fingerprint does not read it; vllm_native's does."""
+    from portbench.campaign import code_fingerprint
+
+    assert code_fingerprint("lssp") == code_fingerprint("vllm_v1") == code_fingerprint()
+    assert code_fingerprint("vllm_native") != code_fingerprint("lssp")

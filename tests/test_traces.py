@@ -553,7 +553,7 @@ def test_add_source_writes_a_loadable_store(tmp_path):
     data = tmp_path / "data"
     manifest = add_source("mytrace", path, fmt="burstgpt", n_windows=3, seed=11, data_dir=data)
     assert manifest["window_id"].tolist() == ["mytrace_w00", "mytrace_w01", "mytrace_w02"]
-    windows = store.load_windows(data_dir=data)
+    windows = store.load_windows(data_dir=data, source="mytrace")   # (unnamed: the study's sources)
     assert [w.window_id for w in windows] == manifest["window_id"].tolist()
     frame, report = read_burstgpt(path)
     assert report.rows_valid == n_valid
