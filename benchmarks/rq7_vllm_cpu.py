@@ -26,10 +26,11 @@ study's vLLM v0.1.0 engine, the RQ6 case's baseline.
 
 The policies on vLLM (:data:`portbench.realengine.vllm_backend.POLICIES`): ``vllm_priority`` is
 vLLM's own ``priority`` scheduling with priority = SLO deadline (it has no waiting-triggered
-preemption there); ``sjf_aging`` is
-:class:`~portbench.realengine.vllm_sjf_scheduler.SjfAgingScheduler`, the simulator policy's score
-re-sorting vLLM's waiting queue every step (its gaps are in that module and in each run's
-``scheduler_gaps``).
+preemption there); ``sjf_aging`` runs through the key adapter,
+:class:`~portbench.realengine.vllm_key_scheduler.KeyPolicyScheduler`, which puts vLLM's waiting
+queue in the simulator policy's own key order before every step (its gaps are in that module and in
+each run's ``scheduler_gaps``; the committed runs were taken with an earlier port of sjf_aging alone,
+the same order on the real clock).
 
 **λ_ref is shared with the RQ6 case** (``--lambda-refs-from``, default its guarded case): the
 real-engine λ_ref search replays FIFO on the same engine (same model shape, default settings) with

@@ -28,7 +28,8 @@ def _campaign(args) -> int:
         ids = store.list_windows(args.data_dir, args.source)["window_id"].tolist()
         window_ids = [w for w in (window_ids or ids) if w in set(ids)]
     if args.limit_windows:
-        manifest = store.list_windows(args.data_dir)
+        # with no window or source named, the study's windows (as without --limit-windows)
+        manifest = store.list_windows(args.data_dir, every_source=bool(window_ids))
         manifest = manifest[manifest["window_id"].isin(window_ids)] if window_ids else manifest
         window_ids = (manifest.groupby("source", sort=True).head(args.limit_windows)["window_id"].tolist())
     if args.policy_module:
@@ -194,6 +195,52 @@ def _realengine_case(args) -> int:
     return 0
 
 
+def _realengine_replay(args) -> int:
+    """Named policies (a user's own key policy included) replayed on vLLM for a few windows, guarded
+    and resumable like the RQ6 case, at the committed case's real-engine λ_ref."""
+    import json
+
+    import numpy as np
+
+    from . import results, store
+    from .engine.vllm_native import VLLM_SETUP, VLLM_VERSION, vllm_available
+    from .realengine import ModelShape
+    from .realengine.study import CaseConfig, reusable_lambda_refs, run_case
+    from .realengine.vllm_settings import policy_spec
+
+    _import_policy_modules(args.policy_module or [])
+    if not vllm_available():
+        raise SystemExit(f"portbench realengine replay runs vLLM {VLLM_VERSION} (CPU build), which this Python "
+                         f"cannot import: set it up with `{VLLM_SETUP}` and run .venv-vllm/bin/portbench")
+    for p in args.policies:                       # an unknown or inexpressible policy: say so now
+        try:
+            policy_spec(p)
+        except (KeyError, ValueError) as e:
+            raise SystemExit(f"portbench realengine replay: {e.args[0] if e.args else e}") from None
+    windows = [w for s in args.sources for w in store.load_windows(args.data_dir, s)[:args.windows_per_source]]
+    source = results.Case(args.lambda_refs_from, args.data_dir)
+    settings = (source.meta or {}).get("case", {})
+    shared = {} if args.lambda_refs_from == "none" else reusable_lambda_refs(
+        source, [w.window_id for w in windows], backend="vllm", engine_kwargs={"shape": repr(ModelShape())},
+        bracket_factor=settings.get("bracket_factor", 8.0), bisection_steps=settings.get("bisection_steps", 3),
+        lambda_policy="fifo")
+    tag = args.tag or "vllm_replay_" + "_".join(args.policies)
+    runs = run_case(CaseConfig("vllm", policies=tuple(args.policies), windows=tuple(windows), region=args.region,
+                               repetitions=args.repetitions, lambda_refs=shared, tag=tag, data_dir=args.data_dir,
+                               bracket_factor=settings.get("bracket_factor", 8.0),
+                               bisection_steps=settings.get("bisection_steps", 3),
+                               speed_ratio=settings.get("speed_ratio", 1.0),
+                               engine_kwargs={"shape": ModelShape()}),
+                    time_budget_s=args.budget_s, progress=not args.quiet)
+    table = runs.groupby(["window_id", "policy"])["anwg"].mean().unstack("policy")[list(args.policies)]
+    print(table.round(4).to_string())
+    best = table.idxmax(axis=1)
+    print("best by mean ANWG per window: " + json.dumps(best.value_counts().to_dict()))
+    print(f"{len(runs)} runs ({int(np.sum(runs['host_flagged']))} host-flagged) -> "
+          f"{results.Case(tag, args.data_dir).folder}/{tag}_*")
+    return 0
+
+
 def _realengine_gpu(args) -> int:
     from .realengine import gpu
     return gpu.run(args)
@@ -221,8 +268,8 @@ def register(sub) -> None:
                    help="Python files defining policies with @register (your own scheduler)")
     p.add_argument("--regions", nargs="+", help="operating regions (default: all six)")
     p.add_argument("--slo-multipliers", nargs="+", type=float, help="SLO multipliers (default: 10 20 40; 20 is the study's base)")
-    p.add_argument("--windows", nargs="+", help="window ids (default: all)")
-    p.add_argument("--source", help="only the windows of this source")
+    p.add_argument("--windows", nargs="+", help="window ids (default: the study's three sources' windows)")
+    p.add_argument("--source", help="only the windows of this source (any source in the store)")
     p.add_argument("--limit-windows", type=int, help="at most this many windows per source (quick runs)")
     p.add_argument("--executor", choices=["local", "dask"], default="local",
                    help="local processes, or a Dask cluster")
@@ -248,7 +295,7 @@ def register(sub) -> None:
                    help="requests per sub-window, dividing 200 (default: 50 100 200)")
     p.add_argument("--engine-model", default="lssp", help="engine model")
     p.add_argument("--regions", nargs="+", help="operating regions (default: all six)")
-    p.add_argument("--windows", nargs="+", help="frozen window ids to cut (default: all)")
+    p.add_argument("--windows", nargs="+", help="frozen window ids to cut (default: the study's)")
     p.add_argument("--workers", type=int, help="worker processes (default: all cores)")
     p.add_argument("--force", action="store_true", help="rewrite the tables even if up to date")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -304,6 +351,32 @@ def register(sub) -> None:
     q.add_argument("--tag", help="file prefix (default: <backend>_case)")
     q.add_argument("--quiet", action="store_true")
     q.set_defaults(func=_realengine_case)
+    from .realengine.study import CASE_REGION, CASE_SOURCES
+    from .regions import REGIONS
+    q = rsub.add_parser(
+        "replay", help="replay named policies (your own key policy too) on vLLM for a few windows",
+        description="Replay each policy on vLLM (CPU build; run with .venv-vllm/bin/portbench) at the "
+                    "committed RQ6 case's real-engine λ_ref for each window, guarded by host probes and "
+                    "resumable like the case; prints mean ANWG per window and policy. Any registered key "
+                    "policy runs through the key adapter (vLLM's FCFS queue in the policy's key order); "
+                    "results go to data/results/realengine/<tag>_*.",
+        epilog="example: .venv-vllm/bin/portbench realengine replay --policies fifo sjf_aging "
+               "--windows-per-source 1 --repetitions 1",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    q.add_argument("--policies", nargs="+", required=True, help="policy ids")
+    q.add_argument("--policy-module", nargs="+", metavar="FILE",
+                   help="Python files defining policies with @register")
+    q.add_argument("--sources", nargs="+", choices=CASE_SOURCES, default=list(CASE_SOURCES))
+    q.add_argument("--windows-per-source", type=_positive_int, default=1)
+    q.add_argument("--repetitions", type=_positive_int, default=1)
+    q.add_argument("--region", choices=list(REGIONS), default=CASE_REGION)
+    q.add_argument("--lambda-refs-from", default="vllm_cpu_guarded_case",
+                   help="reuse this case's real-engine λ_ref ('none': search each window, ~6 replays each)")
+    q.add_argument("--budget-s", type=float, default=None, help="stop starting runs after this long")
+    q.add_argument("--tag", help="file prefix; vllm_replay_<policies> when not given")
+    q.add_argument("--data-dir", default=None, help="the data folder; the repository's when not given")
+    q.add_argument("--quiet", action="store_true")
+    q.set_defaults(func=_realengine_replay)
     from .realengine import gpu
     q = rsub.add_parser("gpu", help="the prepared GPU run: tune the engine, profile its steps, run the case",
                         parents=[gpu.build_parser(add_help=False)], description=gpu.__doc__,

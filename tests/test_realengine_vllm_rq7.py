@@ -1,7 +1,7 @@
-"""RQ7's ``sjf_aging`` and ``vllm_priority`` on vLLM (CPU build), tiny random Llama: skipped where
-vLLM is not installed.
+"""Key policies on vLLM (CPU build), tiny random Llama: RQ7's ``sjf_aging`` and ``hrrn`` through the
+key adapter, ``vllm_priority`` as vLLM's priority scheduling; skipped where vLLM is not installed.
 
-The ordering tests run the scheduler subclass's own code on hand-made queues (no engine); the
+The ordering tests run the key adapter's own code on hand-made queues (no engine); the
 replays run in one spawned subprocess, as in ``tests/test_realengine_vllm.py``. Run with
 ``.venv-vllm/bin/python -m pytest -q tests/test_realengine_vllm_rq7.py`` (under a minute on 2 cores).
 """
@@ -15,76 +15,91 @@ pytest.importorskip("vllm")
 
 from vllm.v1.core.sched.request_queue import FCFSRequestQueue  # noqa: E402
 
-from portbench.policies.sjf_aging import SjfAging  # noqa: E402
+from portbench.policies import make_policy  # noqa: E402
 from portbench.realengine import vllm_backend as vb  # noqa: E402
-from portbench.realengine.vllm_sjf_scheduler import GAPS, SjfAgingScheduler, score_order  # noqa: E402
+from portbench.realengine.vllm_key_scheduler import GAPS, KeyPolicyScheduler, KeyView  # noqa: E402
 from portbench.workload import Window, make_window  # noqa: E402
 
 SEQS = 2                      # few sequences, so that admission order shows
-NOW = 1_000_000.0             # a wall-clock instant for the hand-made queues
+NOW = 100.0                   # the replay's clock for the hand-made queues
 
 
-def req(rid, waited_s, prompt=64):
-    return SimpleNamespace(request_id=rid, arrival_time=NOW - waited_s, num_prompt_tokens=prompt)
-
-
-def bare_scheduler(requests, predicted, rule=SjfAging()):
-    """The subclass's queue logic without an engine: only what :meth:`sjf_reorder` reads."""
-    s = SjfAgingScheduler.__new__(SjfAgingScheduler)
-    s.waiting = FCFSRequestQueue(requests)
-    s._length, s._seq, s.rule = dict(predicted), {r.request_id: k for k, r in enumerate(requests)}, rule
+def bare_scheduler(window, policy, queue, seq=None):
+    """The key adapter's queue logic without an engine: the waiting queue holds requests ``queue``
+    (window indices, in this order; ``seq``: their engine queue order, default the same)."""
+    s = KeyPolicyScheduler.__new__(KeyPolicyScheduler)
+    reqs = [SimpleNamespace(request_id=f"q{i}", num_output_tokens=0) for i in queue]
+    s.waiting, s.running = FCFSRequestQueue(reqs), []
+    s._policy = policy
+    s._view = KeyView(window, SimpleNamespace(max_kv_tokens=0))
+    s._index = {r.request_id: i for r, i in zip(reqs, queue)}
+    s._seq = {r.request_id: k for r, k in zip(reqs, seq or range(len(queue)))}
+    s._clock = lambda: NOW
+    s.kv_cache_manager = SimpleNamespace(block_pool=SimpleNamespace(get_num_free_blocks=lambda: 0))
+    s.block_size = 16
+    policy.reset(s._view)
     return s
 
 
+def order(s):
+    return [s._index[r.request_id] for r in s.waiting]
+
+
+def sjf_window(waits, predicted):
+    n = len(waits)
+    f = lambda x: np.asarray(x, dtype=np.float64)  # noqa: E731
+    return Window("w", "test", f(NOW - np.asarray(waits)), np.full(n, 64), np.full(n, 8),
+                  np.asarray(predicted, dtype=np.int64), f(np.full(n, NOW + 50)))
+
+
 def test_short_predicted_first_at_equal_wait():
-    reqs = [req("a", 0.0), req("b", 0.0), req("c", 0.0)]
-    s = bare_scheduler(reqs, {"a": 900, "b": 10, "c": 300})
-    assert s.sjf_reorder(NOW)
-    assert [r.request_id for r in s.waiting] == ["b", "c", "a"]
-    assert not s.sjf_reorder(NOW)                    # already in order: untouched
+    s = bare_scheduler(sjf_window([0, 0, 0], [900, 10, 300]), make_policy("sjf_aging"), [0, 1, 2])
+    assert s.key_reorder(NOW)
+    assert order(s) == [1, 2, 0]
+    assert not s.key_reorder(NOW)                    # already in order: untouched
 
 
 def test_a_long_wait_promotes_a_long_request():
     # one second of waiting outweighs thousands of predicted tokens under the default medians
-    reqs = [req("short_new", 0.0), req("long_old", 2.0)]
-    s = bare_scheduler(reqs, {"short_new": 10, "long_old": 5000})
-    s.sjf_reorder(NOW)
-    assert [r.request_id for r in s.waiting] == ["long_old", "short_new"]
+    s = bare_scheduler(sjf_window([0.0, 2.0], [10, 5000]), make_policy("sjf_aging"), [0, 1])
+    s.key_reorder(NOW)
+    assert order(s) == [1, 0]
     # ... but not when it arrived at the same time
-    s = bare_scheduler([req("short_new", 2.0), req("long_old", 2.0)], {"short_new": 10, "long_old": 5000})
-    s.sjf_reorder(NOW)
-    assert [r.request_id for r in s.waiting] == ["short_new", "long_old"]
+    s = bare_scheduler(sjf_window([2.0, 2.0], [10, 5000]), make_policy("sjf_aging"), [0, 1])
+    s.key_reorder(NOW)
+    assert order(s) == [0, 1]
 
 
-def test_the_order_is_the_simulator_policy_score():
+def test_the_order_is_the_policys_key_and_ties_keep_the_engines_queue_order():
+    """lof orders by predicted output alone, longest first: equal predictions keep the engine's queue order (the
+    scheduler's own sequence numbers, e.g. a preempted request in front), not the deque's current
+    order."""
     rng = np.random.default_rng(0)
-    n = 40
-    waits = rng.uniform(0, 12, n)
-    pred = rng.integers(1, 60000, n)
-    reqs = [req(f"r{k}", waits[k]) for k in range(n)]
-    rule = SjfAging(time_median=3.0)
-    got = [int(r.request_id[1:]) for r in score_order(reqs, {f"r{k}": pred[k] for k in range(n)}, rule, NOW)]
-    view = SimpleNamespace(now=NOW, arrival_s=NOW - waits, predicted_output_tokens=pred, input_tokens=pred)
-    rule.reset(view)
-    score = rule.scores(view, np.arange(n))
-    assert np.all(np.diff(score[got]) <= 0)          # highest score first
+    n = 30
+    pred = rng.integers(1, 4, n) * 100                  # many ties
+    w = sjf_window(rng.uniform(0, 5, n), pred)
+    queue = rng.permutation(n).tolist()                 # the deque, shuffled by earlier steps
+    seq = rng.permutation(n).tolist()                   # the engine's queue order
+    s = bare_scheduler(w, make_policy("lof"), queue, seq)
+    s.key_reorder(NOW)
+    got = order(s)
+    place = dict(zip(queue, seq))
     assert sorted(got) == list(range(n))
-
-
-def test_ties_go_to_the_earlier_arrival_then_submission():
-    reqs = [req("late", 0.0), req("x1", 1.0), req("x0", 1.0)]
-    s = bare_scheduler(reqs, {})                     # undescribed: length 0 for all
-    s.sjf_reorder(NOW)
-    assert [r.request_id for r in s.waiting] == ["x1", "x0", "late"]
+    assert all((-pred[a], place[a]) < (-pred[b], place[b]) for a, b in zip(got, got[1:]))
 
 
 def test_policy_specs():
     w = burst_window()
     assert vb.priorities(w, "vllm_priority") == vb.priorities(w, "edf")
-    spec = vb.policy_spec("sjf_aging")
-    assert spec.scheduling_policy == "fcfs" and spec.request_fields == ("predicted_output_tokens",)
-    assert spec.scheduler_cls == f"{SjfAgingScheduler.__module__}.{SjfAgingScheduler.__qualname__}"
+    for name in ("sjf_aging", "lof", "hrrn"):
+        spec = vb.policy_spec(name)
+        assert spec.scheduling_policy == "fcfs"
+        assert spec.scheduler_cls == f"{KeyPolicyScheduler.__module__}.{KeyPolicyScheduler.__qualname__}"
     assert vb.policy_spec("vllm_priority").scheduling_policy == "priority"
+    with pytest.raises(KeyError, match="not a key policy"):
+        vb.policy_spec("fastserve_mlfq")
+    with pytest.raises(ValueError, match="oracle"):
+        vb.policy_spec("srpt_oracle")
 
 
 def burst_window(n=12):
@@ -107,6 +122,7 @@ def random_window(n=16, seed=3):
 JOBS = {
     "sjf_burst": ("replay", (burst_window(), "sjf_aging"), {"max_num_seqs": SEQS}),
     "sjf_rand": ("replay", (random_window(), "sjf_aging"), {"max_num_seqs": SEQS}),
+    "hrrn_burst": ("replay", (burst_window(), "hrrn"), {"max_num_seqs": SEQS}),
     "prio_burst": ("replay", (burst_window(), "vllm_priority"), {"max_num_seqs": SEQS}),
     "fifo_burst": ("replay", (burst_window(), "fifo"), {"max_num_seqs": SEQS}),
 }
@@ -137,20 +153,70 @@ def test_new_policies_serve_the_burst_back_to_front(runs):
     idx = np.arange(len(burst_window()))
     fifo, _ = runs["fifo_burst"]
     assert _rank_corr(fifo.first_token_s, idx) > 0.8
-    for name in ("sjf_burst", "prio_burst"):
+    for name in ("sjf_burst", "hrrn_burst", "prio_burst"):
         result, _ = runs[name]
         assert _rank_corr(result.first_token_s, idx) < -0.8, name
 
 
-def test_sjf_scheduler_is_plugged_in(runs):
-    for name in ("sjf_burst", "sjf_rand"):
+def test_the_key_adapter_is_plugged_in(runs):
+    for name in ("sjf_burst", "sjf_rand", "hrrn_burst"):
         _, info = runs[name]
         stats = info["scheduler_stats"]
         assert stats["calls"] == info["n_steps"]
-        assert stats["undescribed"] == 0                 # every request had its predicted length
+        assert stats["undescribed"] == 0                 # every request was the window's
         assert info["scheduler_gaps"] == list(GAPS)
-        assert info["engine_config"]["scheduler_cls"].endswith("SjfAgingScheduler")
+        assert info["engine_config"]["scheduler_cls"].endswith("KeyPolicyScheduler")
         assert info["engine_config"]["scheduling_policy"] == "fcfs"
     assert runs["sjf_burst"][1]["scheduler_stats"]["reordered_steps"] >= 1
     _, prio = runs["prio_burst"]
     assert prio["engine_config"]["scheduling_policy"] == "priority" and "scheduler_stats" not in prio
+
+
+USER_POLICY = '''
+from portbench.engine.queue import KeyPolicy
+from portbench.policies import register
+
+
+@register
+class LongestPromptFirst(KeyPolicy):
+    name = "user_longest_prompt_first"
+
+    def key(self, view, ids):
+        return -view.input_tokens[ids]
+'''
+
+
+def test_the_cli_replays_a_users_own_key_policy_on_vllm(tmp_path):
+    """`portbench realengine replay` with a policy file: one Bailian window at the committed case's
+    real-engine λ_ref (reused, no search), FIFO and the user's policy, guarded runs written to the
+    data folder named; the two admit requests in different orders."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import pandas as pd
+
+    from portbench import store
+
+    data = tmp_path / "data"
+    shutil.copytree(store.windows_dir(), data / "windows")
+    (data / "results" / "realengine").mkdir(parents=True)
+    shutil.copy(store.default_data_dir() / "results" / "realengine" / "vllm_cpu_guarded_case.json",
+                data / "results" / "realengine")
+    module = tmp_path / "my_policy.py"
+    module.write_text(USER_POLICY)
+    cli = Path(sys.executable).parent / "portbench"
+    out = subprocess.run([str(cli), "realengine", "replay", "--policies", "fifo", "user_longest_prompt_first",
+                          "--policy-module", str(module), "--sources", "bailian_qwen", "--data-dir", str(data),
+                          "--tag", "mine", "--quiet"], capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "user_longest_prompt_first" in out.stdout and "best by mean ANWG" in out.stdout
+    folder = data / "results" / "realengine"
+    runs = pd.read_parquet(folder / "mine_runs.parquet")
+    assert sorted(runs["policy"]) == ["fifo", "user_longest_prompt_first"]
+    assert not (folder / "mine_calibration.parquet").exists() or len(pd.read_parquet(folder / "mine_calibration.parquet")) == 0
+    req = pd.read_parquet(folder / "mine_requests.parquet")
+    admit = {p: g.sort_values("request_index")["admit_s"].rank(method="first").to_numpy()
+             for p, g in req.groupby("policy")}
+    assert not np.array_equal(admit["fifo"], admit["user_longest_prompt_first"])

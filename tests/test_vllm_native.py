@@ -80,7 +80,12 @@ def test_policies_map_to_vllms_own_scheduling_policies():
     with pytest.raises(ValueError, match="enable_chunked_prefill=False"):
         nat.native_form("vllm_faithful")
     with pytest.raises(ValueError, match="no vLLM form"):
-        nat.native_form("las")
+        nat.native_form("las")                           # not a key: it holds and preempts
+    with pytest.raises(ValueError, match="own scheduler port"):
+        nat.native_form("slai_faithful")
+    # every other key policy runs through the key adapter, vLLM's FCFS queue in the key's order
+    assert {"sjf_aging", "lof", "hrrn", "shortest_prefill_first"} <= set(nat.native_policies())
+    assert nat.uses_key_adapter("sjf_aging") and not nat.uses_key_adapter("edf")
 
 
 def test_a_campaign_on_vllms_scheduler_refuses_a_policy_vllm_cannot_express_up_front():
@@ -128,6 +133,43 @@ def test_agrees_with_vllm_v1_step_by_step_when_the_kv_cache_is_ample(vllm, polic
     w = real_window("bailian_qwen", "HIGH_PRESSURE")
     assert first_difference(w, policy, {"max_kv_tokens": 1 << 20},
                             {"reserve_full_isl": reserve_full_isl}) is None
+
+
+@pytest.mark.parametrize("policy", ["sjf_aging", "lof", "hrrn", "shortest_prefill_first"])
+def test_a_key_policy_runs_on_vllms_scheduler_as_on_vllm_v1(vllm, policy):
+    """One definition of the order: the key adapter puts vLLM's queue in the policy's key order, and
+    vLLM's scheduler then makes vllm_v1's decisions, step for step, preemptions included (a KV cache
+    small enough to preempt)."""
+    w = real_window("azure_llm_2024", "OVERLOAD", k=1)
+    for shared in ({"max_kv_tokens": 1 << 20}, {"max_kv_tokens": 16384}):
+        assert first_difference(w, policy, shared) is None, shared
+
+
+def test_a_users_own_key_policy_runs_on_vllms_scheduler_with_no_further_code(vllm):
+    from portbench.engine.queue import KeyPolicy
+    from portbench.engine.vllm_v1 import VllmV1Model
+    from portbench.policies import _REGISTRY, register
+
+    @register
+    class LongestPromptFirst(KeyPolicy):
+        name = "test_longest_prompt_first"
+
+        def key(self, view, ids):
+            return -view.input_tokens[ids]
+
+    try:
+        w = real_window("bailian_qwen", "OVERLOAD")
+        a = nat.VllmNativeModel().make_engine(w, LongestPromptFirst())
+        a.run()
+        b = VllmV1Model().make_engine(w, LongestPromptFirst())
+        b.run()
+        ra, rb = a.result(w), b.result(w)
+        assert same_stamps(ra, rb)
+        fifo = nat.VllmNativeModel().make_engine(w, make_policy("fifo"))
+        fifo.run()
+        assert not same_stamps(ra, fifo.result(w))       # the order did change something
+    finally:
+        _REGISTRY.pop("test_longest_prompt_first", None)
 
 
 def test_a_request_that_cannot_grow_preempts_itself_as_in_vllm(vllm):

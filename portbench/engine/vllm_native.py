@@ -20,14 +20,16 @@ CPU build, in ``.venv-vllm``) without a model or a forward pass:
 - it ends, like the other models, ``drain_s`` after the last arrival, and returns the same
   :class:`~portbench.engine.api.RunResult`. It is deterministic and runs in the calling thread.
 
-Policies: vLLM's own. A policy runs here when it has a vLLM form without a scheduler subclass
-(:data:`portbench.realengine.vllm_settings.POLICIES`, the table the real-engine replay uses): ``fifo``
+Policies: as on the real engine (:func:`portbench.realengine.vllm_settings.policy_spec`). ``fifo``
 is vLLM's ``fcfs``; ``edf``, ``vllm_priority``, ``estimated_service_time_first`` and
 ``least_laxity_first`` are vLLM's ``priority`` scheduling with the same integer priorities as the
-real replay (:func:`~portbench.realengine.vllm_settings.priorities`). ``vllm_faithful``'s vLLM form
-is engine settings (a 2,560-token budget, chunked prefill off), so it is refused: run ``fifo`` on a
-model configured that way. Scheduler subclasses (``slai_faithful``, ``sjf_aging``) read the wall
-clock and are not run here; a generic key-policy adapter is not written yet.
+real replay (:func:`~portbench.realengine.vllm_settings.priorities`); every other key policy, a
+user's own included, runs through the key adapter
+(:class:`~portbench.realengine.vllm_key_scheduler.KeyPolicyScheduler`: vLLM's FCFS queue in the
+key's order before each step, the key reading this model's virtual clock). ``vllm_faithful``'s vLLM
+form is engine settings (a 2,560-token budget, chunked prefill off), so it is refused: run ``fifo``
+on a model configured that way. ``slai_faithful``'s own scheduler port reads the wall clock and is
+not run here, nor is any other policy that is not a key.
 
 vLLM rules this model has and ``vllm_v1`` does not (see ``benchmarks/native_vs_model.py``):
 chunked prefill off, ``max_model_len``, and priority scheduling's preemption victim (the running
@@ -194,26 +196,53 @@ class VllmNativeModel:
 # --- policies ------------------------------------------------------------------------------------
 
 def native_form(policy_name: str) -> str:
-    """vLLM's scheduling policy (``"fcfs"`` or ``"priority"``) that runs ``policy_name`` here."""
-    from ..realengine.vllm_settings import POLICIES
+    """vLLM's scheduling policy (``"fcfs"`` or ``"priority"``) that runs ``policy_name`` here: its
+    entry in :data:`portbench.realengine.vllm_settings.POLICIES`, else, for a key policy, the key
+    adapter's FCFS queue (or vLLM's priority scheduling on the key's rank, with ``evict = True``).
+    A policy with no such form is refused, naming the policies that run."""
+    try:
+        return _form(policy_name)
+    except ValueError as e:
+        raise ValueError(f"{e.args[0]}; runnable: {', '.join(native_policies())}") from None
 
-    spec = POLICIES.get(policy_name)
+
+def _form(policy_name: str) -> str:
+    from ..realengine.vllm_settings import KEY_SCHEDULER, policy_spec
+
     if policy_name == "vllm_faithful":
         raise ValueError("vllm_faithful's vLLM form is engine settings (a 2,560-token budget, chunked "
                          "prefill off): run 'fifo' on VllmNativeModel(max_num_batched_tokens=2560, "
                          "max_active_sequences=256, enable_chunked_prefill=False, max_model_len=2560)")
-    if spec is None or spec.scheduler_cls is not None:
-        runnable = sorted(p for p, s in POLICIES.items() if s.scheduler_cls is None and p != "vllm_faithful")
-        raise ValueError(f"policy {policy_name!r} has no vLLM form this engine model can run "
-                         f"(vLLM's own scheduling policies only); runnable: {', '.join(runnable)}")
+    try:
+        spec = policy_spec(policy_name)
+    except (KeyError, ValueError) as e:
+        reason = str(e.args[0] if e.args else e).split("; runnable")[0]
+        raise ValueError(f"policy {policy_name!r} has no vLLM form this engine model can run ({reason})") from None
+    if spec.scheduler_cls not in (None, KEY_SCHEDULER):
+        raise ValueError(f"policy {policy_name!r} runs on vLLM through its own scheduler port "
+                         f"({spec.scheduler_cls}), which reads the wall clock, not a virtual one")
     return spec.scheduling_policy
 
 
 def native_policies() -> tuple[str, ...]:
-    """The policies :class:`VllmNativeModel` runs."""
-    from ..realengine.vllm_settings import POLICIES
+    """The registered policies :class:`VllmNativeModel` runs."""
+    from ..policies import available
 
-    return tuple(p for p, s in POLICIES.items() if s.scheduler_cls is None and p != "vllm_faithful")
+    runnable = []
+    for p in available():
+        try:
+            _form(p)
+        except ValueError:
+            continue
+        runnable.append(p)
+    return tuple(runnable)
+
+
+def uses_key_adapter(policy_name: str) -> bool:
+    """True when ``policy_name`` runs through the key adapter (no vLLM form of its own)."""
+    from ..realengine.vllm_settings import KEY_SCHEDULER, policy_spec
+
+    return policy_spec(policy_name).scheduler_cls == KEY_SCHEDULER
 
 
 # --- vLLM's objects ------------------------------------------------------------------------------
@@ -276,11 +305,14 @@ def _block_hasher(block_size: int, algo: str):
     return get_request_block_hasher(block_size, fn)
 
 
-def build_scheduler(model: VllmNativeModel, scheduling_policy: str = "fcfs"):
-    """A fresh vLLM :class:`Scheduler` (and its KV-cache manager) configured as ``model``."""
+def build_scheduler(model: VllmNativeModel, scheduling_policy: str = "fcfs", key_adapter: bool = False):
+    """A fresh vLLM :class:`Scheduler` (and its KV-cache manager) configured as ``model``; with
+    ``key_adapter``, the key adapter (:class:`~portbench.realengine.vllm_key_scheduler.KeyPolicyScheduler`)."""
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.structured_output import StructuredOutputManager
 
+    if key_adapter:
+        from ..realengine.vllm_key_scheduler import KeyPolicyScheduler as Scheduler   # noqa: N814
     config = _vllm_config(model, scheduling_policy)
     return Scheduler(vllm_config=config, kv_cache_config=_kv_cache_config(model),
                      structured_output_manager=StructuredOutputManager(config),
@@ -311,6 +343,8 @@ class _NativeEngine:
         self.model, self.policy = model, policy
         self.n = n = len(window)
         self.scheduling_policy = native_form(policy.name)
+        self.key_adapter = uses_key_adapter(policy.name)
+        self.window = window
         self.priority = np.ones(n) if priority is None else np.asarray(priority, dtype=np.float64)
         if self.scheduling_policy == "priority":
             from ..realengine.vllm_settings import priorities
@@ -355,7 +389,10 @@ class _NativeEngine:
         m, n = self.model, self.n
         if n == 0:
             return
-        sched = build_scheduler(m, self.scheduling_policy)
+        sched = build_scheduler(m, self.scheduling_policy, self.key_adapter)
+        if self.key_adapter:        # the policy's own order, on the virtual clock
+            sched.begin_key_replay(self.policy, self.window, index_of=int, clock=lambda: self.t_ps / PS,
+                                   priority=self.priority)
         hasher = None
         if m.enable_prefix_caching:
             hasher = _block_hasher(m.block_size, sched.cache_config.prefix_caching_hash_algo)

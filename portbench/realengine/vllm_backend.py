@@ -27,9 +27,10 @@ Policies: each policy's engine settings and request priorities (:data:`POLICIES`
 (:data:`REFUSAL_RULE`) and the RQ6 case's configurations are in
 :mod:`~portbench.realengine.vllm_settings`, and importable from here too.
 
-A policy with a ``scheduler_cls`` may name ``request_fields``: :class:`~portbench.workload.Window`
-arrays its scheduler needs per request. Before submitting anything, :func:`replay` calls the
-scheduler's ``begin_replay({request_id: {field: value}})``; after the replay, the scheduler's
+A key policy without a vLLM form of its own runs through the key adapter
+(:class:`~portbench.realengine.vllm_key_scheduler.KeyPolicyScheduler`): before submitting anything,
+:func:`replay` hands it the policy, the window and the replay's clock
+(``begin_key_replay``); after the replay, the scheduler's
 ``stats`` (when it has them) and its module's ``GAPS`` go to ``info["scheduler_stats"]`` and
 ``info["scheduler_gaps"]`` (``slai_stats`` / ``slai_gaps`` for SLAI).
 
@@ -324,9 +325,6 @@ def replay(window: Window, policy: str, *, shape: ModelShape = ModelShape(),
     # id's text, so "r1-10" would go before "r1-9"; padded, the text order is the window's order,
     # the order the simulator breaks ties in.
     ids = {replay_request_id(tag, i): i for i in range(n)}
-    if spec.request_fields:
-        fields = {f: np.asarray(getattr(window, f)) for f in spec.request_fields}
-        sched.begin_replay({rid: {f: a[i].item() for f, a in fields.items()} for rid, i in ids.items()})
     admit = np.full(n, np.nan)
     first = np.full(n, np.nan)
     finish = np.full(n, np.nan)
@@ -343,6 +341,10 @@ def replay(window: Window, policy: str, *, shape: ModelShape = ModelShape(),
     i = 0
     clock = time.perf_counter
     wall0 = time.time()
+    if hasattr(sched, "begin_key_replay"):      # the key adapter: the policy's order, on this replay's clock
+        from ..policies import make_policy
+        sched.begin_key_replay(make_policy(policy), window, index_of=lambda rid: ids.get(rid, ids.get(rid.rsplit("-", 1)[0])),
+                               clock=lambda: time.time() - wall0)
     t0 = clock()
     while True:
         now = clock() - t0

@@ -32,15 +32,17 @@ lower = earlier, static per request, ties by arrival then id):
                            a waiting request evict lower priorities (vLLM v0's rule); vLLM v1 has
                            no such preemption, so here it only evicts on KV exhaustion, the lowest
                            priority first
-``sjf_aging``              :class:`~portbench.realengine.vllm_sjf_scheduler.SjfAgingScheduler`
-                           (``scheduler_cls``), FCFS queue re-sorted by the simulator policy's
-                           score (predicted output length + wait-time aging) before every step;
-                           the predicted lengths reach it through ``PolicySpec.request_fields``
+any other key policy       :class:`~portbench.realengine.vllm_key_scheduler.KeyPolicyScheduler`
+(``sjf_aging``, ``hrrn``,  (``scheduler_cls``): vLLM's FCFS queue put in the policy's own key order
+a user's own ...)          before every step (:func:`policy_spec` builds its spec); one with
+                           ``evict = True``: vLLM's priority scheduling, priority = the request's
+                           rank in the key's order (:func:`~portbench.realengine.vllm_key_scheduler.key_priorities`)
 ========================== =================================================================
 
-A policy with a ``scheduler_cls`` may name ``request_fields``: :class:`~portbench.workload.Window`
-arrays its scheduler needs per request, which :func:`~portbench.realengine.vllm_backend.replay`
-hands to the scheduler before submitting anything.
+The table's entries are vLLM's own scheduling (FCFS, or priority with a priority computed per
+request) or a port of a policy that is not a key (``slai_faithful``); every other registered
+:class:`~portbench.engine.queue.KeyPolicy`, a user's own included, runs through the one adapter
+with no further code.
 """
 
 from __future__ import annotations
@@ -83,7 +85,6 @@ class PolicySpec:
     enable_chunked_prefill: bool = True
     scheduler_cls: str | None = None
     priority: str | None = None                # key into _PRIORITY, None = 0 for all
-    request_fields: tuple[str, ...] = ()       # Window arrays handed to scheduler_cls per request
     description: str = ""
 
 
@@ -125,11 +126,6 @@ POLICIES: dict[str, PolicySpec] = {
                                 description="vLLM v1 priority scheduling, priority = SLO deadline "
                                             "(the same mapping as edf); no waiting-triggered "
                                             "preemption (vLLM v1 has none)"),
-    "sjf_aging": PolicySpec("fcfs", scheduler_cls="portbench.realengine.vllm_sjf_scheduler.SjfAgingScheduler",
-                            request_fields=("predicted_output_tokens",),
-                            description="SJF-with-aging scheduler subclass: the waiting queue "
-                                        "re-sorted every step by the simulator's sjf_aging score "
-                                        "(predicted output length + real-clock wait)"),
 }
 
 
@@ -187,14 +183,66 @@ STUDY_KV_CACHE_GIB = 1.5
 STUDY_LAMBDA_POLICY = "vllm_faithful"
 
 
+#: The request arrays of a window that a key reads (the view's fixed data, :class:`~portbench.engine.queue.FixedData`).
+FIELDS = ("arrival_s", "deadline_s", "input_tokens", "predicted_output_tokens")
+
+
+def key_priorities(window: Window, policy) -> list[int]:
+    """vLLM priorities (lower served first) for an ``evict = True`` key policy: each request's rank in
+    the key's order over the window's fixed data, ties by arrival then index (as the simulator ranks
+    it once, at the start)."""
+    import types
+
+    from ..engine.queue import FixedData, rank_by
+
+    view = types.SimpleNamespace(**{f: np.asarray(getattr(window, f)) for f in FIELDS},
+                                 priority=np.ones(len(window)), n_requests=len(window), model=None)
+    return rank_by(view, policy.key_columns(FixedData(view, policy.name), np.arange(len(window)))).tolist()
+
+
+#: The scheduler class that runs any key policy (:mod:`~portbench.realengine.vllm_key_scheduler`).
+KEY_SCHEDULER = "portbench.realengine.vllm_key_scheduler.KeyPolicyScheduler"
+
+
 def policy_spec(policy: str) -> PolicySpec:
-    """The settings of ``policy`` on vLLM; an oracle policy or one without settings is refused."""
+    """The settings of ``policy`` on vLLM: its entry in :data:`POLICIES`, else, for a registered key
+    policy (:class:`~portbench.engine.queue.KeyPolicy`, a user's own included), the key adapter
+    (:data:`KEY_SCHEDULER`) or, with ``evict = True``, vLLM's priority scheduling on the key's rank.
+    An oracle policy, an unknown one and one that is not a key (it needs its own port) are refused."""
     refuse_oracles(policy)
-    try:
+    if policy in POLICIES:
         return POLICIES[policy]
+    from ..engine.queue import KeyPolicy
+    from ..policies import available, make_policy
+
+    try:
+        rule = make_policy(policy)
     except KeyError:
-        raise KeyError(f"policy {policy!r} is not supported on vLLM; supported: "
-                       f"{', '.join(POLICIES)}") from None
+        raise KeyError(f"policy {policy!r} is not registered (a policy of your own: import its module, "
+                       f"or pass it with --policy-module); runnable on vLLM: {', '.join(vllm_policies(available()))}"
+                       ) from None
+    if not isinstance(rule, KeyPolicy):
+        raise KeyError(f"policy {policy!r} is not a key policy (an order of the waiting queue), so it needs "
+                       f"a scheduler port of its own, as slai_faithful has; runnable on vLLM: "
+                       f"{', '.join(vllm_policies(available()))}")
+    if rule.evict:
+        return PolicySpec("priority", priority="key",
+                          description=f"vLLM priority scheduling, priority = the rank in {policy}'s key "
+                                      "(evict = True: no eviction by a waiting request in vLLM v1)")
+    return PolicySpec("fcfs", scheduler_cls=KEY_SCHEDULER,
+                      description=f"key adapter: vLLM's FCFS queue put in {policy}'s key order before "
+                                  "every step")
+
+
+def vllm_policies(names=None) -> list[str]:
+    """The policies of ``names`` (default: the table's) that run on vLLM."""
+    if names is None:
+        return list(POLICIES)
+    from ..engine.queue import KeyPolicy
+    from ..policies import make_policy
+
+    return [p for p in names if p in POLICIES or (
+        isinstance(make_policy(p), KeyPolicy) and not getattr(type(make_policy(p)), "needs_true_lengths", False))]
 
 
 def priorities(window: Window, policy: str) -> list[int]:
@@ -202,6 +250,9 @@ def priorities(window: Window, policy: str) -> list[int]:
     spec = policy_spec(policy)
     if spec.priority is None:
         return [0] * len(window)
+    if spec.priority == "key":
+        from ..policies import make_policy
+        return key_priorities(window, make_policy(policy))
     return [int(p) for p in _PRIORITY[spec.priority](window)]
 
 
