@@ -11,11 +11,13 @@
 # %% [markdown]
 # # Add your own scheduler
 #
-# **Question.** Does *your* scheduler's ranking port across sources and regions? **Method.** A new
-# policy written in a few lines (a key policy), checked against the engine's contract with
-# `portbench.testing.check_policy`, run through the study's campaign at the base SLO, and placed in
-# the RQ1 ranking beside the study's eleven. The page is executed with the book, so its code works
-# with the package as it is: the policy is shown below; the rest of the code is behind the toggles.
+# **Question.** Does *your* scheduler's ranking port across sources and regions, and across engines?
+# **Method.** A new policy written in a few lines (a key policy, in a file of its own), checked
+# against the engine's contract with `portbench.testing.check_policy`, run through the study's
+# campaign at the base SLO, and placed in the RQ1 ranking beside the study's eleven; then the same
+# file runs on three engine models — the study's `lssp`, `vllm_v1`, and vLLM's own scheduler — and
+# on the real vLLM engine. The page is executed with the book, so its code works with the package as
+# it is: the policy is shown below; the rest of the code is behind the toggles.
 
 # %% tags=["parameters"]
 results_path = ""          # campaign table of the study's policies (empty: data/results/campaign_<engine_model>.parquet)
@@ -25,6 +27,8 @@ seed = 0                   # seed of every bootstrap
 output_dir = "book/figures"  # where figures and the new policy's campaign table are written
 region = "KNEE"            # operating region of the RQ1 comparison with the new policy in the panel
 check_examples = 40        # random windows per engine model that check_policy replays
+policy_module = ""         # your policy's file (empty: portbench/examples/shortest_predicted_remaining_first.py)
+real_case = "vllm_cpu_custom_case"  # the real-engine replay of the policy (data/results/realengine/<real_case>*)
 
 # %% [markdown]
 # ## The policy
@@ -45,27 +49,27 @@ check_examples = 40        # random windows per engine model that check_policy r
 # timers); the methods chapter shows how.
 
 # %%
-# The policy's source is kept as text so that the page shows exactly the code that runs (the code
-# cells of this book are folded; this one's output is the policy).
+# The policy is a file (shown here as it runs), loaded by path as `portbench campaign --policy-module`
+# and `portbench realengine replay --policy-module` load it; -p policy_module=FILE runs your own.
+import hashlib
+from pathlib import Path
+
 from IPython.display import Markdown, display
 
-POLICY_SOURCE = '''
-from portbench.policies import register
-from portbench.queue import KeyPolicy
+import portbench
+from portbench.commands import import_policy_modules
+from portbench.policies import make_policy
 
-
-@register
-class ShortestPredictedRemainingFirst(KeyPolicy):
-    """Predicted output tokens still to produce, fewest first (ties: arrival order)."""
-
-    name = "shortest_predicted_remaining_first"
-
-    def key(self, view, ids):
-        return view.predicted_output_tokens[ids] - view.decoded[ids]
-'''
-exec(POLICY_SOURCE)
-display(Markdown(f"```python\n{POLICY_SOURCE.strip()}\n```"))
-policy_name = ShortestPredictedRemainingFirst.name
+policy_path = Path(policy_module) if policy_module else \
+    Path(portbench.__file__).parent / "examples" / "shortest_predicted_remaining_first.py"
+POLICY_SOURCE = policy_path.read_text()
+policy_sha256 = hashlib.sha256(policy_path.read_bytes()).hexdigest()
+names = import_policy_modules([policy_path])
+if len(names) != 1:
+    raise ValueError(f"policy_module {policy_path}: expected one @register'ed policy, found {names or 'none'}")
+policy_name = names[0]
+Policy = type(make_policy(policy_name))
+display(Markdown(f"`{policy_path.name}`:\n\n```python\n{POLICY_SOURCE.strip()}\n```"))
 
 # %% [markdown]
 # ## Does it keep the contract?
@@ -83,7 +87,7 @@ import time
 from portbench.testing import check_policy
 
 t = time.perf_counter()
-check_policy(ShortestPredictedRemainingFirst, max_examples=check_examples)
+check_policy(Policy, max_examples=check_examples)
 display(Markdown(f"`check_policy` passed: {check_examples} random windows and 2 shipped windows at high load "
                  f"per engine model, fast engine and step-by-step loop identical request by request "
                  f"({time.perf_counter() - t:.0f} s)."))
@@ -92,11 +96,11 @@ display(Markdown(f"`check_policy` passed: {check_examples} random windows and 2 
 # ## Through the campaign
 #
 # The same campaign as the study's: each window's λ_ref is FIFO's knee, and the new policy runs in
-# the six operating regions of all 120 windows at the base SLO. From the command line, with the
-# class saved in a module of `portbench/policies/` (found automatically):
+# the six operating regions of all 120 windows at the base SLO. From the command line:
 #
 # ```bash
-# portbench campaign --policies shortest_predicted_remaining_first --slo-multipliers 20
+# portbench campaign --policy-module portbench/examples/shortest_predicted_remaining_first.py \
+#     --policies shortest_predicted_remaining_first --slo-multipliers 20
 # ```
 
 # %%
@@ -191,12 +195,172 @@ glue("custom_region", region, display=False)
 present.table(tau, digits=3)
 
 # %% [markdown]
+# ## On three engines: the simulator, vLLM's scheduler and vLLM itself
+#
+# The class above is the whole port. The same definition runs, with no further code, on
+#
+# - the simulator's engine models, `lssp` (the study's) and `vllm_v1` (vLLM v1's rules);
+# - **vLLM 0.32's own scheduler**, stepped in virtual time without a model (`vllm_native`): the key
+#   adapter, `portbench.realengine.vllm_key_scheduler.KeyPolicyScheduler`, puts vLLM's waiting queue
+#   in the key's order before each `schedule()`, the key reading the same view fields on the same
+#   clock; everything else (admission, KV blocks, chunking, preemption) is vLLM's code;
+# - **the real vLLM engine** on this machine's CPU, with the same adapter as its `scheduler_cls`.
+#
+# Beside it run six policies that all three can run (vLLM's FCFS and priority forms, and key
+# policies through the same adapter), on the first four windows of each source at three regions, each
+# engine model at its own λ_ref (vLLM's scheduler at `vllm_v1`'s: the two run FIFO identically in
+# every run of the equivalence check in the fidelity chapter). Both need vLLM, so this page reads
+# their stored results; for your own policy:
+#
+# ```bash
+# .venv-vllm/bin/python benchmarks/custom_policy_engines.py --policy-module FILE --policy NAME --save
+# .venv-vllm/bin/portbench realengine replay --policy-module FILE --policies fifo sjf_aging NAME \
+#     --windows-per-source 1 --repetitions 2 --tag vllm_cpu_custom_case
+# ```
+
+# %%
+from portbench import results
+from portbench.stats.rank import kendall_tau_b
+
+ENGINES = ("lssp", "vllm_v1", "vllm_native")
+engines_path = results.custom_engines_path()
+eng = pd.read_csv(engines_path) if engines_path.exists() else None
+engines_current = (eng is not None and policy_name in set(eng["policy"])
+                   and bool((eng.loc[eng["policy"] == policy_name, "policy_sha256"] == policy_sha256).all()))
+if not engines_current:
+    why = ("no stored results" if eng is None else
+           f"the stored results are of {', '.join(sorted(set(eng['policy_file'])))} as it was when they were made, "
+           f"not of {policy_path.name} as shown")
+    display(Markdown(f"*Not shown: {why}. Run the first command above.*"))
+    for k in ("custom_engines_identical", "custom_engines_tau_native", "custom_engines_tau_lssp",
+              "custom_engines_n_cells", "custom_engines_region", "custom_engines_reading"):
+        glue(k, "n/a", display=False)
+else:
+    eng_region = region if region in set(eng["region"]) else sorted(set(eng["region"]))[0]
+    by = eng.groupby(["engine_model", "region", "policy"])["anwg"].mean()
+    at = by.xs(eng_region, level="region").unstack("engine_model")[list(ENGINES)]
+    ranked = at.rank(ascending=False, method="min").astype(int)
+    shown = at.apply(lambda col: [f"{v:.3f} ({r})" for v, r in zip(col, ranked[col.name])])
+    present.table(shown.sort_values("vllm_native", key=lambda c: ranked["vllm_native"]))
+    # rankings per (source, region), engine against engine
+    per = eng.groupby(["engine_model", "source", "region", "policy"])["anwg"].mean()
+    taus = []
+    for (src, reg), _ in eng.groupby(["source", "region"]):
+        for a, b in (("lssp", "vllm_v1"), ("vllm_v1", "vllm_native"), ("lssp", "vllm_native")):
+            xa, xb = per.loc[(a, src, reg)], per.loc[(b, src, reg)]
+            taus.append({"pair": f"{a} vs {b}", "source": src, "region": reg,
+                         "tau_b": kendall_tau_b(xa.to_numpy(), xb.loc[xa.index].to_numpy())})
+    taus = pd.DataFrame(taus)
+    tau_table = taus.pivot_table(index="pair", columns="region", values="tau_b", aggfunc="min")
+    tau_table = tau_table[[r for r in REGIONS if r in tau_table.columns]]
+    present.table(tau_table, digits=2)
+    cells = eng.pivot_table(index=["window_id", "region", "policy"], columns="engine_model", values="anwg")
+    identical = float((cells["vllm_v1"] == cells["vllm_native"]).mean())
+    glue("custom_engines_identical", present.pct(identical), display=False)
+    glue("custom_engines_tau_native", present.num(taus.loc[taus["pair"] == "vllm_v1 vs vllm_native", "tau_b"].min(), 2),
+         display=False)
+    glue("custom_engines_tau_lssp", present.num(taus.loc[taus["pair"] == "lssp vs vllm_v1", "tau_b"].min(), 2),
+         display=False)
+    glue("custom_engines_n_cells", f"{len(cells):,}", display=False)
+    glue("custom_engines_region", eng_region, display=False)
+    tau_native = taus.loc[taus["pair"] == "vllm_v1 vs vllm_native", "tau_b"].min()
+    tau_lssp = taus.loc[taus["pair"] == "lssp vs vllm_v1", "tau_b"].min()
+    glue("custom_engines_reading",
+         "where the rankings part, it is the engine model's rules (lssp's against vLLM's), not vLLM's code"
+         if identical >= 0.99 and tau_lssp < tau_native else
+         "vLLM's code itself moves the ranking in places (see the equivalence check in the fidelity chapter)",
+         display=False)
+
+    fig, axes = plt.subplots(1, len(set(eng["region"])), figsize=(8, 2.8), sharey=True)
+    regs = [r for r in REGIONS if r in set(eng["region"])]
+    order = by.xs(("vllm_native", regs[0]), level=("engine_model", "region")).sort_values().index
+    for ax, reg in zip(np.atleast_1d(axes), regs):
+        for k, (engine, marker) in enumerate(zip(ENGINES, ("o", "s", "x"))):
+            v = by.xs((engine, reg), level=("engine_model", "region")).loc[order]
+            ax.plot(v.to_numpy(), np.arange(len(order)) + (k - 1) * 0.15, marker, label=engine, ms=5)
+        ax.set_title(reg, fontsize=9)
+        ax.set_xlabel("mean ANWG", fontsize=8)
+        ax.grid(axis="x", alpha=0.3)
+    np.atleast_1d(axes)[0].set_yticks(range(len(order)), order, fontsize=8)
+    handles, labels = np.atleast_1d(axes)[0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=8, loc="upper center", ncol=3, frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 0.9))
+    present.figure("custom_three_engines", fig, output_dir, "custom_three_engines.png")
+
+# %% [markdown]
+# The first table gives each policy's mean ANWG over the windows at the chapter's region, with its
+# rank (1 = best) on each engine model; the second, the lowest $\tau_b$ over the three sources
+# between two engine models' rankings of the seven policies, per region.
+#
+# :::{glue:figure} custom_three_engines
+# :name: fig-custom-three-engines
+# :alt: Three panels, one per operating region; in each, one row per policy and three markers for its mean ANWG on the lssp, vllm_v1 and vllm_native engine models.
+#
+# **One definition, three engine models.** Each policy's mean ANWG over the twelve windows, per
+# region, on `lssp` (circles), `vllm_v1` (squares) and vLLM's own scheduler (crosses). Where a cross
+# sits on its square, vLLM's code made the model's decisions.
+# :::
+
+# %% [markdown]
+# ### On the real engine
+#
+# The replay runs the policy, FIFO and `sjf_aging` on vLLM's CPU build (a tiny random-weight model)
+# on one window per source at HIGH_PRESSURE, at the real engine's own λ_ref (FIFO's knee searched on
+# this machine for the RQ6 case), twice each, each run guarded by host probes. It is a small check
+# that the class runs on the real engine and of the order it gives there, not a ranking: the study
+# configuration's runs in the RQ6 chapter put one run's ANWG noise at about ±0.025.
+
+# %%
+real_runs = results.Case(real_case).runs if results.Case(real_case).has("runs") else None
+real_ok = real_runs is not None and policy_name in set(real_runs["policy"])
+if not real_ok:
+    display(Markdown(f"*Not shown: no real-engine replay of {policy_name} ({real_case}); run the second "
+                     "command above.*"))
+    for k in ("custom_real_n_runs", "custom_real_agree", "custom_real_spread", "custom_real_windows"):
+        glue(k, "n/a", display=False)
+else:
+    real = real_runs.groupby(["source", "window_id", "policy"])["anwg"].agg(["mean", "min", "max", "count"])
+    pols = list(dict.fromkeys(real_runs["policy"]))
+    rows, agree = [], {e: 0 for e in ENGINES}
+    sim_cells = (eng[eng["region"] == "HIGH_PRESSURE"].set_index(["engine_model", "window_id", "policy"])["anwg"]
+                 if engines_current else None)
+    for (src, wid), g in real.groupby(level=["source", "window_id"]):
+        m = g["mean"].droplevel(["source", "window_id"]).loc[pols]
+        row = {"source": source_label(src), **{f"{p} (real)": f"{m[p]:.3f} ±{(g.loc[(src, wid, p), 'max'] - g.loc[(src, wid, p), 'min']) / 2:.3f}"
+                                              for p in pols}}
+        if sim_cells is not None:
+            for e in ENGINES:
+                if all((e, wid, p) in sim_cells.index for p in pols):
+                    sim = np.array([sim_cells.loc[(e, wid, p)] for p in pols])
+                    agree[e] += int(pols[int(np.argmax(sim))] == m.idxmax())
+        rows.append(row)
+    present.table(pd.DataFrame(rows).set_index("source"))
+    spread = float((real["max"] - real["min"]).median() / 2)
+    n_win = real.index.get_level_values("window_id").nunique()
+    glue("custom_real_n_runs", len(real_runs), display=False)
+    glue("custom_real_windows", n_win, display=False)
+    glue("custom_real_spread", present.num(spread, 3), display=False)
+    glue("custom_real_agree", present.join([f"{agree[e]} of {n_win} on {e}" for e in ENGINES]), display=False)
+
+# %% [markdown]
+# Each cell: the real engine's mean ANWG over the two runs ± half their difference. The real engine
+# ran {glue:text}`custom_real_n_runs` guarded runs on {glue:text}`custom_real_windows` windows; half the
+# difference between a run and its repetition is {glue:text}`custom_real_spread` at the median, as
+# large as most differences between the policies. The best policy on the real engine is the
+# simulators' best at HIGH_PRESSURE for {glue:text}`custom_real_agree` windows.
+
+# %% [markdown]
 # :::{admonition} Finding
 # :class: tip pb-finding
-# Shortest predicted remaining first ranks between {glue:text}`custom_best_rank:d` and
+# The chapter's policy ranks between {glue:text}`custom_best_rank:d` and
 # {glue:text}`custom_worst_rank:d` of the {glue:text}`custom_n_panel:d` policies across sources and
 # regions ({glue:text}`custom_engine`); with it in the panel, the lowest cross-source $\tau_b$ at
-# {glue:text}`custom_region` is {glue:text}`custom_tau_min`. Change the class above, rerun this page
-# (`portbench book --skip-campaign --notebooks add_your_scheduler -p region=OVERLOAD`), and read the same tables for
-# your own scheduler.
+# {glue:text}`custom_region` is {glue:text}`custom_tau_min`. One class runs on three engine models: vLLM's
+# own scheduler gives the same ANWG as `vllm_v1` in {glue:text}`custom_engines_identical` of
+# {glue:text}`custom_engines_n_cells` cells (lowest $\tau_b$ between their rankings
+# {glue:text}`custom_engines_tau_native`), while `lssp` and `vllm_v1` rank the seven policies with a
+# lowest $\tau_b$ of {glue:text}`custom_engines_tau_lssp`: {glue:text}`custom_engines_reading`.
+# Change the file, rerun this page (`portbench book --skip-campaign --notebooks add_your_scheduler
+# -p policy_module=my_policy.py -p region=OVERLOAD`), and read the same tables for your own
+# scheduler.
 # :::

@@ -33,7 +33,7 @@ def _campaign(args) -> int:
         manifest = manifest[manifest["window_id"].isin(window_ids)] if window_ids else manifest
         window_ids = (manifest.groupby("source", sort=True).head(args.limit_windows)["window_id"].tolist())
     if args.policy_module:
-        _import_policy_modules(args.policy_module)
+        import_policy_modules(args.policy_module)
     panel = {"study": STUDY_POLICIES, "extended": EXTENDED_PANEL}[args.panel]
     errors = args.prediction_error or [PREDICTION_RELATIVE_ERROR]
     if args.output and len(errors) > 1:
@@ -80,19 +80,31 @@ def _rq8_campaign(args) -> int:
 RQ7_PREDICTION_ERRORS = (0.0, 0.5, 1.0)
 
 
-def _import_policy_modules(paths) -> None:
+def import_policy_modules(paths) -> list[str]:
     """Import policy files given on the command line, so that their @register runs (worker processes
-    started by fork inherit them; on a Dask cluster the module must be importable on the workers)."""
+    started by fork inherit them; on a Dask cluster the module must be importable on the workers).
+    Returns the names of the policies they registered. A file already imported is not imported
+    again (its @register would clash with itself)."""
     import importlib.util
+    import sys
     from pathlib import Path
 
+    from .policies import _REGISTRY, available
+
+    available()                                   # the package's own first, so that only the file's are new
+    before = set(_REGISTRY)
     for path in paths:
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"--policy-module {path}: no such file")
-        spec = importlib.util.spec_from_file_location(f"portbench_user_policy_{path.stem}", path)
+        name = f"portbench_user_policy_{path.stem}"
+        if name in sys.modules and Path(sys.modules[name].__file__).resolve() == path.resolve():
+            continue
+        spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
         spec.loader.exec_module(module)
+    return sorted(set(_REGISTRY) - before)
 
 
 def _calibrate(args) -> int:
@@ -208,7 +220,7 @@ def _realengine_replay(args) -> int:
     from .realengine.study import CaseConfig, reusable_lambda_refs, run_case
     from .realengine.vllm_settings import policy_spec
 
-    _import_policy_modules(args.policy_module or [])
+    import_policy_modules(args.policy_module or [])
     if not vllm_available():
         raise SystemExit(f"portbench realengine replay runs vLLM {VLLM_VERSION} (CPU build), which this Python "
                          f"cannot import: set it up with `{VLLM_SETUP}` and run .venv-vllm/bin/portbench")
@@ -224,7 +236,7 @@ def _realengine_replay(args) -> int:
         source, [w.window_id for w in windows], backend="vllm", engine_kwargs={"shape": repr(ModelShape())},
         bracket_factor=settings.get("bracket_factor", 8.0), bisection_steps=settings.get("bisection_steps", 3),
         lambda_policy="fifo")
-    tag = args.tag or "vllm_replay_" + "_".join(args.policies)
+    tag = args.tag or "vllm_replay_" + "_".join(args.policies) + "_case"
     runs = run_case(CaseConfig("vllm", policies=tuple(args.policies), windows=tuple(windows), region=args.region,
                                repetitions=args.repetitions, lambda_refs=shared, tag=tag, data_dir=args.data_dir,
                                bracket_factor=settings.get("bracket_factor", 8.0),
@@ -373,7 +385,7 @@ def register(sub) -> None:
     q.add_argument("--lambda-refs-from", default="vllm_cpu_guarded_case",
                    help="reuse this case's real-engine λ_ref ('none': search each window, ~6 replays each)")
     q.add_argument("--budget-s", type=float, default=None, help="stop starting runs after this long")
-    q.add_argument("--tag", help="file prefix; vllm_replay_<policies> when not given")
+    q.add_argument("--tag", help="file prefix (end it in _case); vllm_replay_<policies>_case when not given")
     q.add_argument("--data-dir", default=None, help="the data folder; the repository's when not given")
     q.add_argument("--quiet", action="store_true")
     q.set_defaults(func=_realengine_replay)

@@ -89,6 +89,13 @@ def native_check_path(data_dir: Path | None = None) -> Path:
     return results_dir(data_dir) / "native_vs_model.csv"
 
 
+def custom_engines_path(data_dir: Path | None = None) -> Path:
+    """The "Add your own scheduler" chapter's policy and a panel on three engine models, one row per
+    (engine model, window, region, policy): ``custom_policy_engines.csv``
+    (``benchmarks/custom_policy_engines.py``)."""
+    return results_dir(data_dir) / "custom_policy_engines.csv"
+
+
 def stored_dir(folder: str, data_dir: Path | None = None, *, committed: bool = True) -> Path:
     """The stored results of one book computation family (``fidelity``, ``reference``):
     ``<folder>/`` for the book's own parameters (committed), ``cache/<folder>/`` for any other

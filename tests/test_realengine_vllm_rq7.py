@@ -209,14 +209,14 @@ def test_the_cli_replays_a_users_own_key_policy_on_vllm(tmp_path):
     cli = Path(sys.executable).parent / "portbench"
     out = subprocess.run([str(cli), "realengine", "replay", "--policies", "fifo", "user_longest_prompt_first",
                           "--policy-module", str(module), "--sources", "bailian_qwen", "--data-dir", str(data),
-                          "--tag", "mine", "--quiet"], capture_output=True, text=True, timeout=900)
+                          "--tag", "mine_case", "--quiet"], capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "user_longest_prompt_first" in out.stdout and "best by mean ANWG" in out.stdout
     folder = data / "results" / "realengine"
-    runs = pd.read_parquet(folder / "mine_runs.parquet")
+    runs = pd.read_parquet(folder / "mine_case_runs.parquet")
     assert sorted(runs["policy"]) == ["fifo", "user_longest_prompt_first"]
-    assert not (folder / "mine_calibration.parquet").exists() or len(pd.read_parquet(folder / "mine_calibration.parquet")) == 0
-    req = pd.read_parquet(folder / "mine_requests.parquet")
+    assert not (folder / "mine_case_calibration.parquet").exists() or len(pd.read_parquet(folder / "mine_case_calibration.parquet")) == 0
+    req = pd.read_parquet(folder / "mine_case_requests.parquet")
     admit = {p: g.sort_values("request_index")["admit_s"].rank(method="first").to_numpy()
              for p, g in req.groupby("policy")}
     assert not np.array_equal(admit["fifo"], admit["user_longest_prompt_first"])
