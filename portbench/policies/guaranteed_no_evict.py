@@ -29,9 +29,11 @@ prediction error a request may outgrow its reservation; the engine's own rule th
 (``MaxUtilizationPolicy``, same sources) walks the active requests in order, schedules each that can
 get the blocks of its *next step*, and when one cannot, pauses the most recently started request
 and tries again — admission on the next step's blocks and eviction of the newest on KV growth. Under
-``vllm_v1`` that is the engine's own behaviour with the queue in arrival order, i.e. ``fifo`` (the
-engine admits a request that can get its first chunk's blocks and, when a running request cannot
-grow, preempts the newest admission). Under ``lssp`` it is not meaningful: that engine never evicts
+``vllm_v1`` with ``reserve_full_isl=False`` that is the engine's own behaviour with the queue in
+arrival order, i.e. ``fifo`` (the engine admits a request that can get its first chunk's blocks and,
+when a running request cannot grow, preempts the newest admission); with vLLM 0.32's default
+(``reserve_full_isl=True``) the engine admits only a request whose whole prompt's blocks are free, a
+stricter admission than MAX_UTILIZATION's. Under ``lssp`` it is not meaningful: that engine never evicts
 and lets KV pass its cap, so a rule whose point is what to evict when the cache runs out has nothing
 to act on; its admission half is again ``fifo``. Registering it would add a duplicate of ``fifo``.
 """
