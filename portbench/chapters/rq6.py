@@ -374,6 +374,23 @@ def study_configuration(cases: Cases, tag: str, sim_tables: dict, *, n_resamples
     return rows
 
 
+def host_steady_runs(case: results.Case, tolerance: float = 0.15) -> pd.DataFrame:
+    """The runs of ``case`` whose own steps ran at a steady host speed: a run's step ratio (the
+    median of its real step times over the profile's cost for the same batches,
+    :func:`portbench.engine.stepcost.step_ratios`) within ``tolerance`` (the guard's drift
+    tolerance) of the median over the repetitions of the same window and policy. The probes around a run do not see a host that
+    slows down while it runs; its own steps do. The runs table gains ``step_ratio`` and ``speed_off``."""
+    from ..engine.stepcost import step_ratios
+    from ..fidelity.tables import profile_cost
+
+    runs, steps = case.runs, case.steps
+    cost = profile_cost((case.tuning or {}).get("from") or case.tag.removesuffix(results.CASE_SUFFIX),
+                        case.data_dir)
+    runs = runs.merge(step_ratios(steps, cost), on=["window_id", "policy", "repetition"], how="left")
+    off = (runs["step_ratio"] / runs.groupby(["window_id", "policy"])["step_ratio"].transform("median") - 1).abs()
+    return runs.assign(speed_off=off > tolerance)
+
+
 def settled(r) -> str:
     """Whether a difference's interval (``ci_low``, ``ci_high``, ``half_width``) settles its sign."""
     if r["ci_low"] > 0 or r["ci_high"] < 0:
@@ -403,9 +420,11 @@ def signs(table: pd.DataFrame, sources) -> dict:
     return {s_: np.sign(round(table.loc[s_, "delta"], 3)) for s_ in sources}
 
 
-def short_finding(real_row: pd.DataFrame, pred_row: pd.DataFrame, camp_rows: dict, agree: dict) -> str:
+def short_finding(real_row: pd.DataFrame, pred_row: pd.DataFrame, camp_rows: dict, agree: dict,
+                  steady_row: pd.DataFrame | None = None) -> str:
     """The RQ6 finding in at most 150 words: the study-configuration case measured, the simulator
-    in its configuration and in the campaign's, and the A100's result."""
+    in its configuration and in the campaign's, and the A100's result; with ``steady_row`` (the same
+    measured on the host-steady runs, :func:`host_steady_runs`), each source whose verdict it changes."""
     policy_a, policy_b = CASE_POLICIES
     order_src = [s_ for s_ in ("azure_llm_2024", "burstgpt", "bailian_qwen") if s_ in real_row.index]
 
@@ -433,6 +452,7 @@ def short_finding(real_row: pd.DataFrame, pred_row: pd.DataFrame, camp_rows: dic
              + present.join([f"{source_label(s_)} {verdict[s_]}"
                              + (f" (±{present.num(real_row.loc[s_, 'half_width'], 3)})"
                                 if verdict[s_] == "not settled" else "") for s_ in order_src]) + ". "
+             + robust_clause(real_row, steady_row, order_src) +
              f"The simulator in the same configuration predicts {triple(pred_row)} "
              f"({agree['configured']} of {len(order_src)} signs as measured). The lssp campaign's "
              f"{triple(campaign_lssp)} differs {cause}. The A100 measured "
@@ -441,6 +461,21 @@ def short_finding(real_row: pd.DataFrame, pred_row: pd.DataFrame, camp_rows: dic
     n_words = len(short.split())
     assert n_words <= 150, f"the short RQ6 finding has {n_words} words (at most 150)"
     return short
+
+
+def robust_clause(real_row: pd.DataFrame, steady_row: pd.DataFrame | None, order_src) -> str:
+    """A sentence naming each source whose verdict (:func:`settled`) differs on the host-steady runs,
+    with that reading's interval; '' when none does (or there is no such reading)."""
+    if steady_row is None:
+        return ""
+    moved = [s_ for s_ in order_src if s_ in steady_row.index
+             and settled(steady_row.loc[s_]) != settled(real_row.loc[s_])]
+    if not moved:
+        return ""
+    return ("Without the runs the host slowed down, " + present.join(
+        [f"{source_label(s_)} is {settled(steady_row.loc[s_])} "
+         f"([{present.signed(steady_row.loc[s_, 'ci_low'], 3)}, {present.signed(steady_row.loc[s_, 'ci_high'], 3)}])"
+         for s_ in moved]) + ". ")
 
 
 def own_configuration(cases: Cases, *, n_resamples: int, seed: int) -> pd.DataFrame:
