@@ -501,6 +501,8 @@ def read_mooncake(path) -> tuple[pd.DataFrame, ReadReport]:
     (chunk, rows), = _json_rows(path, [spec.time_col, spec.input_col, spec.output_col, field], raw=[field])
     frame, report = _read(path, spec, iter([(chunk, rows)]))
     report.block_tokens = MOONCAKE_BLOCK_TOKENS
+    if len(frame) != len(chunk):        # the hashes pair with the rows one to one: no row may be dropped
+        raise AssertionError(f"{path}: {len(chunk)} records read, {len(frame)} kept")
     hashes = []
     for ids, row, n_in in zip(chunk[field], rows, frame["input_tokens"]):
         problem = _hash_ids_problem(ids, int(n_in))
