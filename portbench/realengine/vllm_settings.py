@@ -36,7 +36,7 @@ any other key policy       :class:`~portbench.realengine.vllm_key_scheduler.KeyP
 (``sjf_aging``, ``hrrn``,  (``scheduler_cls``): vLLM's FCFS queue put in the policy's own key order
 a user's own ...)          before every step (:func:`policy_spec` builds its spec); one with
                            ``evict = True``: vLLM's priority scheduling, priority = the request's
-                           rank in the key's order (:func:`~portbench.realengine.vllm_key_scheduler.key_priorities`)
+                           rank in the key's order (:func:`key_priorities`)
 ========================== =================================================================
 
 The table's entries are vLLM's own scheduling (FCFS, or priority with a priority computed per
@@ -241,8 +241,11 @@ def vllm_policies(names=None) -> list[str]:
     from ..engine.queue import KeyPolicy
     from ..policies import make_policy
 
-    return [p for p in names if p in POLICIES or (
-        isinstance(make_policy(p), KeyPolicy) and not getattr(type(make_policy(p)), "needs_true_lengths", False))]
+    def runnable(p: str) -> bool:
+        rule = make_policy(p)
+        return isinstance(rule, KeyPolicy) and not getattr(type(rule), "needs_true_lengths", False)
+
+    return [p for p in names if p in POLICIES or runnable(p)]
 
 
 def priorities(window: Window, policy: str) -> list[int]:
