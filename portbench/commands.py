@@ -232,16 +232,15 @@ def _realengine_replay(args) -> int:
     windows = [w for s in args.sources for w in store.load_windows(args.data_dir, s)[:args.windows_per_source]]
     source = results.Case(args.lambda_refs_from, args.data_dir)
     settings = (source.meta or {}).get("case", {})
+    search = {"bracket_factor": settings.get("bracket_factor", 8.0),     # the λ_ref search of the case reused
+              "bisection_steps": settings.get("bisection_steps", 3)}
     shared = {} if args.lambda_refs_from == "none" else reusable_lambda_refs(
         source, [w.window_id for w in windows], backend="vllm", engine_kwargs={"shape": repr(ModelShape())},
-        bracket_factor=settings.get("bracket_factor", 8.0), bisection_steps=settings.get("bisection_steps", 3),
-        lambda_policy="fifo")
+        lambda_policy="fifo", **search)
     tag = args.tag or "vllm_replay_" + "_".join(args.policies) + "_case"
     runs = run_case(CaseConfig("vllm", policies=tuple(args.policies), windows=tuple(windows), region=args.region,
                                repetitions=args.repetitions, lambda_refs=shared, tag=tag, data_dir=args.data_dir,
-                               bracket_factor=settings.get("bracket_factor", 8.0),
-                               bisection_steps=settings.get("bisection_steps", 3),
-                               speed_ratio=settings.get("speed_ratio", 1.0),
+                               speed_ratio=settings.get("speed_ratio", 1.0), **search,
                                engine_kwargs={"shape": ModelShape()}),
                     time_budget_s=args.budget_s, progress=not args.quiet)
     table = runs.groupby(["window_id", "policy"])["anwg"].mean().unstack("policy")[list(args.policies)]

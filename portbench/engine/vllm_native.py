@@ -200,13 +200,19 @@ def native_form(policy_name: str) -> str:
     entry in :data:`portbench.realengine.vllm_settings.POLICIES`, else, for a key policy, the key
     adapter's FCFS queue (or vLLM's priority scheduling on the key's rank, with ``evict = True``).
     A policy with no such form is refused, naming the policies that run."""
+    return native_spec(policy_name).scheduling_policy
+
+
+def native_spec(policy_name: str):
+    """The :class:`~portbench.realengine.vllm_settings.PolicySpec` that runs ``policy_name`` here
+    (see :func:`native_form`); a policy with no such form is refused, naming the policies that run."""
     try:
-        return _form(policy_name)
+        return _spec(policy_name)
     except ValueError as e:
         raise ValueError(f"{e.args[0]}; runnable: {', '.join(native_policies())}") from None
 
 
-def _form(policy_name: str) -> str:
+def _spec(policy_name: str):
     from ..realengine.vllm_settings import KEY_SCHEDULER, policy_spec
 
     if policy_name == "vllm_faithful":
@@ -221,7 +227,7 @@ def _form(policy_name: str) -> str:
     if spec.scheduler_cls not in (None, KEY_SCHEDULER):
         raise ValueError(f"policy {policy_name!r} runs on vLLM through its own scheduler port "
                          f"({spec.scheduler_cls}), which reads the wall clock, not a virtual one")
-    return spec.scheduling_policy
+    return spec
 
 
 def native_policies() -> tuple[str, ...]:
@@ -231,7 +237,7 @@ def native_policies() -> tuple[str, ...]:
     runnable = []
     for p in available():
         try:
-            _form(p)
+            _spec(p)
         except ValueError:
             continue
         runnable.append(p)
@@ -240,9 +246,9 @@ def native_policies() -> tuple[str, ...]:
 
 def uses_key_adapter(policy_name: str) -> bool:
     """True when ``policy_name`` runs through the key adapter (no vLLM form of its own)."""
-    from ..realengine.vllm_settings import KEY_SCHEDULER, policy_spec
+    from ..realengine.vllm_settings import KEY_SCHEDULER
 
-    return policy_spec(policy_name).scheduler_cls == KEY_SCHEDULER
+    return native_spec(policy_name).scheduler_cls == KEY_SCHEDULER
 
 
 # --- vLLM's objects ------------------------------------------------------------------------------
@@ -342,8 +348,11 @@ class _NativeEngine:
     def __init__(self, window, policy, model: VllmNativeModel, priority=None):
         self.model, self.policy = model, policy
         self.n = n = len(window)
-        self.scheduling_policy = native_form(policy.name)
-        self.key_adapter = uses_key_adapter(policy.name)
+        from ..realengine.vllm_settings import KEY_SCHEDULER
+
+        spec = native_spec(policy.name)
+        self.scheduling_policy = spec.scheduling_policy
+        self.key_adapter = spec.scheduler_cls == KEY_SCHEDULER
         self.window = window
         self.priority = np.ones(n) if priority is None else np.asarray(priority, dtype=np.float64)
         if self.scheduling_policy == "priority":
