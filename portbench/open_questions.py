@@ -127,7 +127,10 @@ def sub_windows(window: Window, size: int) -> list[Window]:
                           window.input_tokens[part], window.output_tokens[part],
                           window.predicted_output_tokens[part], slo_multiplier=window.slo_multiplier,
                           meta={"parent_window_id": window.window_id, "sub_index": k, "window_size": size,
-                                "synthesis_seed": window.meta.get("synthesis_seed")})
+                                "synthesis_seed": window.meta.get("synthesis_seed"),
+                                **({"block_tokens": window.meta["block_tokens"]}
+                                   if window.block_hashes is not None else {})},
+                          block_hashes=None if window.block_hashes is None else window.block_hashes[part])
         # the parent's own deadlines, rebased (make_window rebuilt the same budget)
         slack = window.deadline_s[part] - arrival
         out.append(dataclasses.replace(sub, deadline_s=sub.arrival_s + slack))

@@ -50,6 +50,8 @@ FILE_COLUMN = "parquet_file"
 #: Optional request column of a prefix-hashed source: each request's prompt-block hash ids.
 HASH_COLUMN = "block_hashes"
 SOURCES_OF_THE_STUDY = ("azure_llm_2024", "bailian_qwen", "burstgpt")
+#: The shipped source whose prompts carry prefix block hashes (RQ9; :mod:`portbench.engine.prefix`).
+PREFIX_HASHED_SOURCE = "mooncake_conversation"
 
 
 class WindowStoreError(RuntimeError):
@@ -250,8 +252,11 @@ def _window_from_entry(entry: pd.Series, data_dir: Path | None) -> Window:
     rows = _verified_rows(entry, data_dir)
     meta = {k: v for k, v in entry.items()
             if k not in ("source", "window_id", FILE_COLUMN) and not pd.isna(v)}
+    hashes = ([np.asarray(b, dtype=np.int64) for b in rows[HASH_COLUMN]]
+              if HASH_COLUMN in rows else None)
     return make_window(entry["window_id"], entry["source"],
-                       *(rows[c].to_numpy() for c in REQUEST_COLUMNS[2:6]), meta=meta)
+                       *(rows[c].to_numpy() for c in REQUEST_COLUMNS[2:6]), meta=meta,
+                       block_hashes=hashes)
 
 
 def write_source(source: str, windows: list[dict], data_dir: Path | None = None, *,

@@ -190,7 +190,24 @@ def _strategies():
             max_num_partial_prefills=partial, max_long_partial_prefills=draw(st.integers(1, partial)))
         return window, model
 
-    return {"lssp": lssp_cases(), "vllm_v1": vllm_v1_cases(), "vllm_v1_caps": vllm_v1_caps_cases()}
+    @st.composite
+    def vllm_v1_cache_cases(draw):
+        # vLLM's prefix cache on, and prompts that share prefixes: each request follows one of a
+        # few chains of 16-token hash blocks, as far as a drawn length (a conversation's turns)
+        import dataclasses
+        window, model = draw(vllm_v1_cases())
+        chains = [[100 * c + g for g in range(40)] for c in range(3)]
+        hashes = []
+        for tokens in window.input_tokens.tolist():
+            c = draw(st.integers(0, len(chains) - 1))
+            hashes.append(chains[c][:draw(st.integers(0, -(-tokens // 16)))])
+        window = dataclasses.replace(window, block_hashes=tuple(np.asarray(h, dtype=np.int64)
+                                                                for h in hashes),
+                                     meta={**window.meta, "block_tokens": 16})
+        return window, dataclasses.replace(model, enable_prefix_caching=True)
+
+    return {"lssp": lssp_cases(), "vllm_v1": vllm_v1_cases(), "vllm_v1_caps": vllm_v1_caps_cases(),
+            "vllm_v1_cache": vllm_v1_cache_cases()}
 
 
 def random_cases(engine_model: str):
@@ -207,24 +224,28 @@ def real_cases(engine_model: str, n_windows: int = 2) -> tuple:
     window of the study's first ``n_windows`` sources, at its base SLO), where queues run long: at
     the λ_ref of ``data/results/lambda_ref_<engine>.csv`` when present, else calibrated here.
     ``vllm_v1_caps``: the ``vllm_v1`` cases with vLLM's long-prefill caps on (threshold 256, at most
-    two prefills a step, one of them long). Loaded once per process (every policy checked reuses
-    them; the engines never change a window)."""
+    two prefills a step, one of them long). ``vllm_v1_cache``: ``vllm_v1`` with its prefix cache on,
+    on the first windows of the prefix-hashed source (``mooncake_conversation``), calibrated here.
+    Loaded once per process (every policy checked reuses them; the engines never change a window)."""
     from . import results, store
     from .engine import engine_model as make_model
     from .regions import find_lambda_ref, region_factor
     from .workload import with_slo
 
-    caps = engine_model == "vllm_v1_caps"
-    if caps:
-        import dataclasses
-        engine_model = "vllm_v1"
+    import dataclasses
+
+    variant, engine_model = engine_model, engine_model.removesuffix("_caps").removesuffix("_cache")
     model = make_model(engine_model)
-    if caps:
+    if variant == "vllm_v1_caps":
         model = dataclasses.replace(model, long_prefill_token_threshold=256,
                                     max_num_partial_prefills=2, max_long_partial_prefills=1)
     table = results.read_lambda_table(engine_model)
     lam = table.set_index("window_id")["lambda_ref"] if table is not None else {}
     first = store.list_windows().groupby("source", sort=True).head(1)["window_id"].tolist()
+    if variant == "vllm_v1_cache":
+        model = dataclasses.replace(model, enable_prefix_caching=True)
+        first = store.list_windows(source=store.PREFIX_HASHED_SOURCE)["window_id"].tolist()
+        lam = {}
     cases = []
     for wid in first[:n_windows]:
         w = with_slo(store.load_window(wid), 20.0)
@@ -237,8 +258,8 @@ def check_policy(policy_class, params: dict | None = None, *, engine_models=("ls
                  max_examples: int = 40, real_windows: int = 2, seed: int = 0) -> None:
     """Check ``policy_class(**params)`` against the engine's contract on random and real windows.
 
-    Under each engine model (``lssp``, ``vllm_v1``, or ``vllm_v1_caps``: ``vllm_v1`` with vLLM's
-    long-prefill caps on), on ``max_examples`` random windows and on ``real_windows`` shipped
+    Under each engine model (``lssp``, ``vllm_v1``, ``vllm_v1_caps``: ``vllm_v1`` with vLLM's
+    long-prefill caps on, or ``vllm_v1_cache``: with its prefix cache on, prompts sharing prefixes), on ``max_examples`` random windows and on ``real_windows`` shipped
     windows at high load (:func:`real_cases`): the fast engine equals the step-by-step loop request
     by request, the engine honoured every decision of the walk, and a second run is identical.
     Raises :class:`PolicyContractError` naming the policy, the engine model, the first diverging

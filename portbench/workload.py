@@ -32,7 +32,9 @@ class Window:
 
     ``arrival_s`` starts at 0 and is non-decreasing; ``deadline_s`` is each request's SLO deadline on
     the same clock. ``time_scale`` records the compression already applied (1.0 for a frozen window);
-    ``slo_multiplier`` the SLO definition the deadlines were built with.
+    ``slo_multiplier`` the SLO definition the deadlines were built with. ``block_hashes``: a
+    prefix-hashed source's prompt-block hash ids, one int64 array per request (``meta["block_tokens"]``
+    prompt tokens a hash; see :mod:`portbench.engine.prefix`), or None where the source has none.
     """
 
     window_id: str
@@ -45,9 +47,17 @@ class Window:
     slo_multiplier: float = BASE_SLO_MULTIPLIER
     time_scale: float = 1.0
     meta: Mapping = dataclasses.field(default_factory=dict)
+    block_hashes: tuple | None = None
 
     def __post_init__(self):
         n = len(self.arrival_s)
+        if self.block_hashes is not None:
+            if len(self.block_hashes) != n:
+                raise ValueError(f"window {self.window_id}: block_hashes has {len(self.block_hashes)} "
+                                 f"entries, arrival_s has {n}")
+            if "block_tokens" not in self.meta:
+                raise ValueError(f"window {self.window_id}: block_hashes without meta['block_tokens']")
+            object.__setattr__(self, "block_hashes", tuple(self.block_hashes))
         for name in ("input_tokens", "output_tokens", "predicted_output_tokens", "deadline_s"):
             if len(getattr(self, name)) != n:
                 raise ValueError(f"window {self.window_id}: {name} has {len(getattr(self, name))} "
@@ -86,11 +96,12 @@ def slo_deadlines(arrival_s, input_tokens, predicted_output_tokens,
 
 def make_window(window_id: str, source: str, arrival_s, input_tokens, output_tokens,
                 predicted_output_tokens=None, *, slo_multiplier: float = BASE_SLO_MULTIPLIER,
-                prediction_seed: int | None = None, meta: Mapping | None = None) -> Window:
+                prediction_seed: int | None = None, meta: Mapping | None = None,
+                block_hashes=None) -> Window:
     """Build a window from raw columns: validate, rebase arrivals to 0, add deadlines.
 
     Predicted lengths are synthesised (``synthesize_predictions``) when not given; that needs
-    ``prediction_seed``.
+    ``prediction_seed``. ``block_hashes``: see :class:`Window`.
     """
     arrival_s = np.asarray(arrival_s, dtype=np.float64)
     input_tokens = np.asarray(input_tokens, dtype=np.int64)
@@ -111,7 +122,8 @@ def make_window(window_id: str, source: str, arrival_s, input_tokens, output_tok
     arrival_s = arrival_s - arrival_s[0]
     deadline_s = slo_deadlines(arrival_s, input_tokens, predicted_output_tokens, slo_multiplier)
     return Window(window_id, source, arrival_s, input_tokens, output_tokens, predicted_output_tokens,
-                  deadline_s, slo_multiplier=float(slo_multiplier), meta=meta or {})
+                  deadline_s, slo_multiplier=float(slo_multiplier), meta=meta or {},
+                  block_hashes=block_hashes)
 
 
 def with_slo(window: Window, multiplier: float) -> Window:

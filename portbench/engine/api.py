@@ -104,11 +104,17 @@ class EngineView:
     the order it walked them. A walk that stops (no sequence slot left; ``vllm_v1``'s head-of-line
     rule) lists only the request it stopped at; under ``lssp`` the requests of a long proposal whose
     prompt exceeds the KV room left are refused together, without a walk, listed as ``(-1, "kv")``.
+
+    Prefix caching: :meth:`cached_prefix` says what a hit would skip now. A prefix-hashed window's
+    prompt contents are fixed data: ``block_hashes`` (one int64 array of chained hash ids per request,
+    each for ``block_tokens`` prompt tokens; both None for other sources; see
+    :mod:`portbench.engine.prefix`).
     """
 
     __slots__ = ("model", "step", "now", "prev_step_start_s", "prev_kv_used", "running",
                  "arrival_s", "deadline_s", "input_tokens", "predicted_output_tokens", "priority",
-                 "kv_used", "n_requests", "refused", "_queue_version", "_engine", "_waiting",
+                 "kv_used", "n_requests", "refused", "block_hashes", "block_tokens", "_queue_version",
+                 "_engine", "_waiting",
                  "_waiting_of", "_warr", "_warr_of")
 
     def __init__(self, engine: "_Engine"):
@@ -120,6 +126,9 @@ class EngineView:
         self.predicted_output_tokens = read_only(engine.predicted)
         self.priority = read_only(engine.priority)
         self.n_requests = engine.n
+        # a prefix-hashed window's prompt-block hash ids (fixed data; None for other sources)
+        self.block_hashes = getattr(engine, "block_hashes", None)
+        self.block_tokens = getattr(engine, "block_tokens", None)
         self._queue_version = 0         # the length of the engine's log of queue changes
         self._waiting, self._waiting_of = (), 0     # the queue as a tuple, and the version it shows
         self._warr, self._warr_of = np.zeros(0, dtype=np.int64), 0      # ... as an array
@@ -165,6 +174,14 @@ class EngineView:
     def decoded_of(self, ids) -> list:
         """Tokens produced so far by each of ``ids`` (a list of ints; cheaper than ``decoded`` for a few)."""
         return self._engine.decoded_of(ids)
+
+    def cached_prefix(self, ids) -> np.ndarray:
+        """For each of ``ids`` (request ids), the tokens a prefix-cache hit would skip if it were
+        admitted now: the leading whole KV blocks of its sequence so far (its prompt, or prompt and
+        output after a preemption) that the engine holds cached, at most all tokens but the last
+        (an int64 array). 0 on an engine model without a prefix cache (``lssp``, ``vllm_v1`` with
+        ``enable_prefix_caching`` off)."""
+        return self._engine.cached_prefix_of(ids)
 
     @property
     def n_active(self) -> int:

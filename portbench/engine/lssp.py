@@ -100,6 +100,8 @@ class _Engine:
         self.output_tokens = window.output_tokens
         self.predicted = window.predicted_output_tokens
         self.priority = np.ones(n) if priority is None else np.asarray(priority, dtype=np.float64)
+        self.block_hashes = window.block_hashes
+        self.block_tokens = window.meta.get("block_tokens") if window.block_hashes is not None else None
         self.visible = visible_steps(window.arrival_s, model.step_s).tolist()
         self.inp = window.input_tokens.tolist()
         self._inp_array = np.asarray(window.input_tokens, dtype=np.int64)
@@ -138,6 +140,9 @@ class _Engine:
     def decoded_of(self, ids) -> list:
         tick, base, decoded = self._tick, self._base, self.decoded
         return [tick - base[i] if i in base else decoded[i] for i in ids]
+
+    def cached_prefix_of(self, ids) -> np.ndarray:
+        return np.zeros(len(ids), dtype=np.int64)       # no prefix cache
 
     def decoded_array(self) -> np.ndarray:
         tick, decoded = self._tick, self.decoded

@@ -58,12 +58,14 @@ import numpy as np
 
 from .api import (NEVER, Decision, EngineView, Policy, PolicyContractError, RunResult, check_decision,
                   check_in_window, read_only, skips_steps)
+from . import blockpool
 from .stepcost import PS, StepCost
 
 _TIMER_MARGIN_PS = 10 ** 6      # a clock timer fires up to a microsecond early (float round-off)
 _MAX_STRETCH = 1 << 40          # no other bound on a stretch's length than its events
 _NO_DECISION = Decision()
 _NO_HOLD = np.zeros(0, dtype=np.int64)
+_NO_POOL = tuple(np.zeros(1, dtype=np.int64) for _ in range(12))   # the compiled loops' pool, cache off
 
 
 class _Repeat(NamedTuple):
@@ -112,6 +114,16 @@ class VllmV1Model:
     Preemption is vLLM v1's FCFS rule: a running request that cannot get its blocks preempts the
     last running request, itself included (it then waits again at the queue's head, and the running
     phase ends).
+
+    ``enable_prefix_caching`` (off by default; vLLM turns it on by default, the study's real engine
+    ran with it off): vLLM's automatic prefix caching over the same ``max_kv_tokens // block_size``
+    blocks (:mod:`portbench.engine.blockpool`): a request admitted with nothing computed skips the
+    leading blocks of its sequence that are cached (at least one token is computed; the hit costs no
+    budget, but its tokens are context the step attends over), hit blocks are shared, a full block
+    is cached when it is scheduled, and free cached blocks are evicted least recently freed first.
+    Which blocks hold the same tokens comes from the window's block hashes
+    (:mod:`portbench.engine.prefix`); a window without them shares nothing, and the cache then
+    serves only a preempted request's own blocks.
     """
 
     name: ClassVar[str] = "vllm_v1"
@@ -126,6 +138,7 @@ class VllmV1Model:
     max_num_partial_prefills: int = 1
     max_long_partial_prefills: int = 1
     reserve_full_isl: bool = True
+    enable_prefix_caching: bool = False
 
     def __post_init__(self):
         for what, least in (("long_prefill_token_threshold", 0), ("max_num_partial_prefills", 1),
@@ -175,12 +188,14 @@ INP, OUT, COMPUTED, TARGET, BLOCKS, DECODED, FIRST, FINISH = range(8)
 
 
 @numba.njit(cache=True)
-def _schedule_running(run, hold, held, st, sched, budget, free, bs, thr):
+def _schedule_running(run, hold, held, st, sched, budget, free, bs, thr, pool, cached):
     """vLLM's running phase: each running request in order gets ``min(left, budget)`` tokens and the
     blocks for them; one that cannot get its blocks preempts from the end of ``run`` (recompute: its
     blocks are freed, its KV dropped, its target reset) until they fit or it has preempted itself,
     which ends the phase (vLLM v1's FCFS rule: the victim is the last running request, whoever it
     is; its preempted requests are the tail ``run[n_run:]``).
+    With ``cached`` (prefix caching), blocks come from and go back to ``pool`` (see
+    :mod:`portbench.engine.blockpool`), and a full block is cached when scheduled.
     A prefill computes at most ``thr`` tokens a step (0: no cap). The requests in ``hold`` are
     passed over (``held``, all False, is the scratch table for that); an id in ``hold`` outside the
     table returns -1 requests walked, and nothing is done.
@@ -210,7 +225,10 @@ def _schedule_running(run, hold, held, st, sched, budget, free, bs, thr):
         while need > free:
             v = run[n_run - 1]
             n_run -= 1
-            free += st[v, BLOCKS]
+            if cached:
+                free += blockpool.release(pool, st, v)
+            else:
+                free += st[v, BLOCKS]
             st[v, BLOCKS] = 0
             dropped += st[v, COMPUTED]
             st[v, COMPUTED] = 0
@@ -221,7 +239,11 @@ def _schedule_running(run, hold, held, st, sched, budget, free, bs, thr):
         if stuck:
             break
         free -= need
-        st[i, BLOCKS] += need
+        if cached:
+            blockpool.allocate(pool, st, i, need)
+            blockpool.cache_full(pool, st, i, c + n_new, bs)
+        else:
+            st[i, BLOCKS] += need
         sched[m, 0] = i
         sched[m, 1] = n_new
         m += 1
@@ -238,7 +260,7 @@ def _schedule_running(run, hold, held, st, sched, budget, free, bs, thr):
 
 
 @numba.njit(cache=True)
-def _advance(sched, m, st, t_ps, finished):
+def _advance(sched, m, st, t_ps, finished, pool, cached):
     """The end of a step: scheduled requests gain their tokens; a request whose target is reached
     emits a token (stamped ``t_ps``) and leaves when it was its last. Writes the leavers into
     ``finished``. Returns (leavers, blocks freed, KV tokens change, some request is mid-prefill)."""
@@ -257,7 +279,10 @@ def _advance(sched, m, st, t_ps, finished):
                 st[i, FINISH] = t_ps
                 finished[f] = i
                 f += 1
-                freed += st[i, BLOCKS]
+                if cached:
+                    freed += blockpool.release(pool, st, i)
+                else:
+                    freed += st[i, BLOCKS]
                 st[i, BLOCKS] = 0
                 kv -= c
             else:
@@ -289,16 +314,22 @@ def _stretch_bound(run, st, free, bs, k):
 
 
 @numba.njit(cache=True)
-def _decode_stretch(run, st, k, bs, t_ps, finished):
+def _decode_stretch(run, st, k, bs, t_ps, finished, pool, cached):
     """``k`` pure-decode steps at once, the last ending at ``t_ps``: requests whose last token comes
-    in the k-th leave. Returns (leavers, blocks taken net of those freed, KV tokens change)."""
+    in the k-th leave (with ``cached``, after every request took its blocks, as in the k-th step).
+    Returns (leavers, blocks taken net of those freed, KV tokens change)."""
     f = taken = kv = 0
     for j in range(run.shape[0]):
         i = run[j]
         new_blocks = -(-(st[i, COMPUTED] + k) // bs) - st[i, BLOCKS]
         if new_blocks > 0:
-            st[i, BLOCKS] += new_blocks
+            if cached:
+                blockpool.allocate(pool, st, i, new_blocks)
+            else:
+                st[i, BLOCKS] += new_blocks
             taken += new_blocks
+        if cached:
+            blockpool.cache_full(pool, st, i, st[i, COMPUTED] + k, bs)
         st[i, COMPUTED] += k
         st[i, DECODED] += k
         st[i, TARGET] += k
@@ -307,9 +338,13 @@ def _decode_stretch(run, st, k, bs, t_ps, finished):
             st[i, FINISH] = t_ps
             finished[f] = i
             f += 1
-            taken -= st[i, BLOCKS]
-            st[i, BLOCKS] = 0
+            if not cached:
+                taken -= st[i, BLOCKS]
+                st[i, BLOCKS] = 0
             kv -= st[i, COMPUTED]
+    if cached:
+        for j in range(f):
+            taken -= blockpool.release(pool, st, finished[j])
     return f, taken, kv
 
 
@@ -321,6 +356,8 @@ class _V1Engine:
         self.input_tokens, self.output_tokens = window.input_tokens, window.output_tokens
         self.predicted = window.predicted_output_tokens
         self.priority = np.ones(n) if priority is None else np.asarray(priority, dtype=np.float64)
+        self.block_hashes = window.block_hashes
+        self.block_tokens = window.meta.get("block_tokens") if window.block_hashes is not None else None
         self.arrival_ps = np.ceil(window.arrival_s * PS).astype(np.int64).tolist()   # as math.ceil(a * PS)
         self.inp = window.input_tokens.tolist()
         st = self.st = np.zeros((n, 8), dtype=np.int64)
@@ -331,6 +368,11 @@ class _V1Engine:
         self.decoded = read_only(st[:, DECODED])     # tokens emitted (the policies' view reads it)
         self.admit_ps = [-1] * n
         self.free_blocks = model.max_kv_tokens // model.block_size
+        # vLLM's block pool with its prefix cache (None: blocks are only counted)
+        self._pool = (blockpool.BlockPool(window, self.free_blocks, model.block_size)
+                      if model.enable_prefix_caching else None)
+        self._P = _NO_POOL if self._pool is None else self._pool.arrays
+        self._cached = self._pool is not None
         self.waiting: list[int] = []
         self.queue_log: list[int] = []  # the queue's changes: i joined, ~i left (see EngineView)
         self.is_waiting = [False] * n
@@ -367,6 +409,11 @@ class _V1Engine:
     def decoded_of(self, ids) -> list:
         return self.decoded[np.asarray(ids, dtype=np.int64)].tolist()
 
+    def cached_prefix_of(self, ids) -> np.ndarray:
+        if self._pool is None:
+            return np.zeros(len(ids), dtype=np.int64)
+        return self._pool.cached_prefix(self.st, ids)
+
     def clock(self) -> tuple[float, float]:
         """(now, the last executed step's start), in seconds, as the view shows them."""
         return self.t_ps / PS, self.last_step_start_ps / PS
@@ -384,7 +431,10 @@ class _V1Engine:
         """Recompute preemption: drop the KV of running request ``i``, put it first in the queue."""
         st = self.st
         self._kv -= int(st[i, COMPUTED])
-        self.free_blocks += int(st[i, BLOCKS])
+        if self._pool is None:
+            self.free_blocks += int(st[i, BLOCKS])
+        else:
+            self.free_blocks += blockpool.release(self._P, st, i)
         st[i, BLOCKS] = st[i, COMPUTED] = 0
         st[i, TARGET] = st[i, INP] + st[i, DECODED]
         self._requeue(i)
@@ -418,14 +468,55 @@ class _V1Engine:
             return -(-tokens // bs)
         return -(-self._first_chunk(tokens, budget, thr) // bs)
 
+    def _admission_with_hit(self, i: int, target: int, budget: int, thr: int):
+        """Waiting request ``i`` (``target`` tokens, nothing computed) under prefix caching: (tokens
+        its cache hit skips, tokens it computes in the step, free blocks it takes: new ones and hit
+        ones in the free queue, whether it fits). vLLM's check (``allocate_slots``): the blocks of
+        the chunk, or under ``reserve_full_isl`` of the whole sequence, less the hit blocks, plus the
+        hit blocks taken out of the free queue, must be free."""
+        bs = self.model.block_size
+        h, evictable = self._pool.hit(self.st, i)
+        hit = h * bs
+        n_new = self._first_chunk(target - hit, budget, thr)
+        new_blocks = -(-(hit + n_new) // bs) - h
+        need = new_blocks + evictable
+        if self.model.reserve_full_isl:
+            fits = -(-target // bs) - h + evictable <= self.free_blocks
+        else:
+            fits = need <= self.free_blocks
+        return hit, n_new, need, fits
+
+    def _take_blocks(self, i: int, hit: int, n_new: int) -> None:
+        """Admit request ``i``'s blocks: its hit ones shared, new ones for its chunk, full ones cached."""
+        st, P, bs = self.st, self._P, self.model.block_size
+        h = hit // bs
+        blockpool.touch(P, st, i, h)
+        blockpool.allocate(P, st, i, -(-(hit + n_new) // bs) - h)
+        blockpool.cache_full(P, st, i, hit + n_new, bs)
+        st[i, COMPUTED] = hit
+        self._kv += hit
+
+    def _arrival_blocks(self, i: int, budget: int) -> int:
+        """The free blocks request ``i``, not arrived yet, would need to be admitted (with prefix
+        caching, at the hit it would have now: the hit can only shrink before it arrives)."""
+        thr = self.model.long_prefill_token_threshold
+        if self._pool is None:
+            return self._admission_blocks(self.inp[i], budget, thr)
+        return self._pool.fewest_blocks(self.st, [i], budget, thr, self.model.reserve_full_isl)
+
     def _admission_impossible(self, budget: int, free_blocks: int) -> bool:
-        """No waiting request can be admitted: no slot, no budget, or too few blocks for any of them."""
+        """No waiting request can be admitted: no slot, no budget, or too few blocks for any of them
+        (with prefix caching, each one's blocks less its hit: a pure-decode stretch only lowers hits
+        and free blocks, so it stays so)."""
         if not self.waiting or budget <= 0 or len(self.running) >= self.model.max_active_sequences:
             return True
         heap, st, is_waiting = self._wait_heap, self.st, self.is_waiting
         while not is_waiting[heap[0][1]] or st[heap[0][1], TARGET] != heap[0][0]:
             heapq.heappop(heap)                   # a row of a request that has left the queue
-        return self._admission_blocks(heap[0][0], budget, self._threshold()) > free_blocks
+        if self._admission_blocks(heap[0][0], budget, self._threshold()) <= free_blocks:
+            return False                          # one fits without a hit (a hit only lowers it)
+        return self._pool is None or self._pool.fewest_blocks(
+            self.st, self.waiting, budget, self._threshold(), self.model.reserve_full_isl) > free_blocks
 
     def run(self, event_skipping: bool = True) -> None:
         n, m = self.n, self.model
@@ -502,7 +593,7 @@ class _V1Engine:
         thr = self._threshold()
         k, n_left, n_sched, budget, free, prefill, decodes, context, dropped = \
             _schedule_running(run, self._hold_array(hold), self._held, st, self._sched,
-                              m.max_num_batched_tokens, self.free_blocks, bs, thr)
+                              m.max_num_batched_tokens, self.free_blocks, bs, thr, self._P, self._cached)
         if k < 0:
             bad = next(i for i in sorted(hold) if not 0 <= i < self.n)
             raise PolicyContractError(f"policy {self.policy.name!r} held request {bad} at step "
@@ -561,14 +652,23 @@ class _V1Engine:
                             continue               # passed over: shorter prompts may go ahead
                         n_long += 1
                     n_pre += 1
-                n_new = self._first_chunk(target, budget, thr)
-                need = -(-n_new // bs)
-                if max(need, self._admission_blocks(target, budget, thr)) > self.free_blocks:
+                if self._pool is None:
+                    hit = 0
+                    n_new = self._first_chunk(target, budget, thr)
+                    need = -(-n_new // bs)
+                    fits = max(need, self._admission_blocks(target, budget, thr)) <= self.free_blocks
+                else:
+                    hit, n_new, need, fits = self._admission_with_hit(i, target, budget, thr)
+                if not fits:
                     refused_for_room = True
                     self.refused = ((i, "kv"),)
                     break                          # head-of-line: admission stops here
                 self.free_blocks -= need
-                st[i, BLOCKS] = need
+                if self._pool is None:
+                    st[i, BLOCKS] = need
+                else:
+                    self._take_blocks(i, hit, n_new)
+                    context += hit
                 taken.append(i)
                 self.is_waiting[i] = False
                 running.append(i)
@@ -576,7 +676,7 @@ class _V1Engine:
                     self.admit_ps[i] = self.t_ps
                 sched[n_sched] = i, n_new
                 n_sched += 1
-                if target > 1 or st[i, DECODED] == 0:
+                if target - hit > 1 or st[i, DECODED] == 0:
                     prefill += n_new
                 else:
                     decodes += 1
@@ -596,7 +696,8 @@ class _V1Engine:
         else:
             self.t_ps += self._step_ps(self.step, self.t_ps, prefill, decodes, context, n_sched)
         self.step += 1
-        n_fin, freed, kv, mid_prefill = _advance(self._sched, n_sched, st, self.t_ps, self._finished)
+        n_fin, freed, kv, mid_prefill = _advance(self._sched, n_sched, st, self.t_ps, self._finished,
+                                                 self._P, self._cached)
         self._kv += kv
         self.free_blocks += freed
         if n_fin:
@@ -685,8 +786,7 @@ class _V1Engine:
             # The last arrival always stops the stretch: it starts the drain clock.
             while stop < n - 1 and self.arrival_ps[order[stop]] < end_ps and not (
                     slot and budget > 0
-                    and self._admission_blocks(self.inp[order[stop]], budget,
-                                               m.long_prefill_token_threshold) <= self.free_blocks):
+                    and self._arrival_blocks(order[stop], budget) <= self.free_blocks):
                 stop += 1
         if stop < self.n:
             k = self._steps_starting_before(self.arrival_ps[order[stop]], k, D, C0)
@@ -734,7 +834,8 @@ class _V1Engine:
         self.t_ps += self._span_ps(k, D, C0)
         self.step += k
         n_fin, taken, kv = _decode_stretch(np.array(self.running, dtype=np.int64), self.st, k,
-                                           self.model.block_size, self.t_ps, self._finished)
+                                           self.model.block_size, self.t_ps, self._finished,
+                                           self._P, self._cached)
         self.free_blocks -= taken
         self._kv += kv
         if n_fin:

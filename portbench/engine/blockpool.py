@@ -1,0 +1,251 @@
+"""vLLM's KV block pool with automatic prefix caching, for the ``vllm_v1`` engine model.
+
+The rules are vLLM 0.32's (``vllm/v1/core/block_pool.py``, ``kv_cache_manager.py``,
+``single_type_kv_cache_manager.py``, the waiting loop of ``sched/scheduler.py``), for one
+full-attention group whose hash block is its KV block:
+
+- **Free queue.** Every block with no user is in one queue, in this order at the start; a new
+  block is taken from its head, and a cached block taken there is evicted (its key forgotten), so
+  cached blocks go least recently freed first.
+- **Caching.** A block is cached (its key recorded) when a request is scheduled with tokens that
+  fill it — at scheduling, before the step computes them; prompt blocks and output blocks alike.
+  Two blocks may hold the same key (vLLM does not de-duplicate: a request that missed computes its
+  own copy); a lookup takes the earliest cached one still there.
+- **Hits.** Only a request with nothing computed (a new one, or one preempted) looks its blocks up:
+  the longest run of cached keys from its first block, at most ``(tokens - 1) // block_size``
+  blocks (one token is always computed). Its hit blocks are shared: each user holds a reference,
+  and a hit block with none is taken out of the free queue (so it counts against the free blocks,
+  as vLLM's admission check counts it). The hit tokens are computed: they cost no budget.
+- **Freeing.** A request that finishes or is preempted releases its blocks last first; a block
+  whose last user left goes back to the queue: an uncached block to its head (reused first), a
+  cached one to its tail (evicted last), so a preempted request's blocks stay cached until the pool
+  needs them.
+
+Block keys (which blocks hold the same tokens) come from :func:`portbench.engine.prefix.block_keys`.
+The pool is a handful of int64 arrays worked on by numba functions (a doubly linked free queue, a
+first-in list of blocks per key, each request's block table); :class:`BlockPool` holds them, and
+the engine's compiled loops take its :attr:`BlockPool.arrays`.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from .prefix import block_keys
+
+# the engine's request table columns these functions read and write (vllm_v1's)
+_COMPUTED, _BLOCKS = 2, 4
+# BlockPool.arrays, by position
+NXT, PRV, REF, BKEY, KHEAD, KTAIL, DNEXT, DPREV, TABLE, TOFF, RKEY, NCACHED = range(12)
+
+
+class BlockPool:
+    """``n_blocks`` KV blocks with vLLM's prefix cache, for the requests of ``window``."""
+
+    def __init__(self, window, n_blocks: int, block_size: int):
+        keys, offsets, n_keys = _keys_of(window, block_size)
+        s = n_blocks                                       # the queue's sentinel
+        nxt = np.arange(1, n_blocks + 2, dtype=np.int64)
+        prv = np.arange(-1, n_blocks, dtype=np.int64)
+        nxt[s], prv[0] = 0, s
+        prv[s] = n_blocks - 1 if n_blocks else s
+        if not n_blocks:
+            nxt[s] = s
+        self.arrays = (nxt, prv, np.zeros(n_blocks, np.int64), np.full(n_blocks, -1, np.int64),
+                       np.full(n_keys, -1, np.int64), np.full(n_keys, -1, np.int64),
+                       np.full(n_blocks, -1, np.int64), np.full(n_blocks, -1, np.int64),
+                       np.full(len(keys), -1, np.int64), offsets, keys,
+                       np.zeros(len(offsets) - 1, np.int64))
+        self.block_size = block_size
+
+    def hit(self, st, i: int) -> tuple[int, int]:
+        """(blocks request ``i`` would hit now, how many of them are in the free queue)."""
+        return _hit(self.arrays, i, _max_hit(st, i, self.block_size))
+
+    def fewest_blocks(self, st, ids, budget: int, thr: int, whole: bool) -> int:
+        """The fewest free blocks any of waiting requests ``ids`` needs to be admitted now (see
+        :func:`_fewest_blocks`)."""
+        return _fewest_blocks(self.arrays, st, np.asarray(ids, dtype=np.int64), self.block_size,
+                              budget, thr, whole)
+
+    def cached_prefix(self, st, ids) -> np.ndarray:
+        """The tokens a hit would skip now, for each of ``ids``."""
+        return _cached_prefix(self.arrays, st, np.asarray(ids, dtype=np.int64), self.block_size)
+
+
+_KEYS: dict = {}        # (window id, block size) -> (its block hashes, block_keys' answer), the last few
+
+
+def _keys_of(window, block_size: int):
+    """:func:`~portbench.engine.prefix.block_keys`, kept for the last windows seen (a window runs
+    under many policies and loads; its scaled copies share its hash lists)."""
+    hashes = getattr(window, "block_hashes", None)
+    if hashes is None:
+        return block_keys(window, block_size)
+    k = (window.window_id, block_size)
+    got = _KEYS.get(k)
+    if got is None or got[0] is not hashes:
+        if len(_KEYS) >= 64:
+            _KEYS.pop(next(iter(_KEYS)))
+        got = _KEYS[k] = (hashes, block_keys(window, block_size))
+    return got[1]
+
+
+@numba.njit(cache=True, inline="always")
+def _max_hit(st, i, bs):
+    """The most blocks a lookup may hit: whole blocks of the sequence so far, less its last token."""
+    return (st[i, 0] + st[i, 5] - 1) // bs          # INP + DECODED - 1
+
+
+@numba.njit(cache=True)
+def _hit(P, i, max_blocks):
+    khead, ref, off, rkey = P[KHEAD], P[REF], P[TOFF][i], P[RKEY]
+    h = e = 0
+    while h < max_blocks:
+        b = khead[rkey[off + h]]
+        if b < 0:
+            break
+        e += ref[b] == 0
+        h += 1
+    return h, e
+
+
+@numba.njit(cache=True)
+def _cached_prefix(P, st, ids, bs):
+    out = np.zeros(ids.shape[0], dtype=np.int64)
+    for j in range(ids.shape[0]):
+        i = ids[j]
+        h, _ = _hit(P, i, _max_hit(st, i, bs))
+        out[j] = h * bs
+    return out
+
+
+@numba.njit(cache=True)
+def _fewest_blocks(P, st, ids, bs, budget, thr, whole):
+    """The fewest free blocks one of ``ids`` (waiting, nothing computed) needs for admission with
+    ``budget`` tokens left under the cap ``thr`` (0: none): those of its whole sequence (``whole``:
+    ``reserve_full_isl``) or of its first chunk, less its hit blocks, plus the hit blocks it takes
+    out of the free queue."""
+    least = 1 << 62
+    for j in range(ids.shape[0]):
+        i = ids[j]
+        target = st[i, 3]                               # TARGET
+        h, e = _hit(P, i, _max_hit(st, i, bs))
+        if whole:
+            need = -(-target // bs) - h + e
+        else:
+            chunk = min(target - h * bs, budget)
+            if thr > 0:
+                chunk = min(chunk, thr)
+            need = -(-(h * bs + chunk) // bs) - h + e
+        least = min(least, need)
+    return least
+
+
+@numba.njit(cache=True)
+def _unlink(P, b):
+    nxt, prv = P[NXT], P[PRV]
+    p, q = prv[b], nxt[b]
+    nxt[p] = q
+    prv[q] = p
+
+
+@numba.njit(cache=True)
+def _forget(P, b):
+    """Evict block ``b``'s key, if it has one."""
+    bkey = P[BKEY]
+    k = bkey[b]
+    if k < 0:
+        return
+    dnext, dprev, khead, ktail = P[DNEXT], P[DPREV], P[KHEAD], P[KTAIL]
+    p, q = dprev[b], dnext[b]
+    if p >= 0:
+        dnext[p] = q
+    else:
+        khead[k] = q
+    if q >= 0:
+        dprev[q] = p
+    else:
+        ktail[k] = p
+    bkey[b] = -1
+
+
+@numba.njit(cache=True)
+def touch(P, st, i, h):
+    """Give request ``i`` (no blocks yet) its first ``h`` blocks from the cache, shared."""
+    khead, ref, table, off, rkey = P[KHEAD], P[REF], P[TABLE], P[TOFF][i], P[RKEY]
+    for j in range(h):
+        b = khead[rkey[off + j]]
+        if ref[b] == 0:
+            _unlink(P, b)
+        ref[b] += 1
+        table[off + j] = b
+    st[i, _BLOCKS] = h
+    P[NCACHED][i] = h
+
+
+@numba.njit(cache=True)
+def allocate(P, st, i, n):
+    """Give request ``i`` ``n`` new blocks from the free queue's head (evicting their keys)."""
+    nxt, ref, table, off = P[NXT], P[REF], P[TABLE], P[TOFF][i]
+    s = ref.shape[0]
+    for _ in range(n):
+        b = nxt[s]
+        _unlink(P, b)
+        _forget(P, b)
+        ref[b] = 1
+        table[off + st[i, _BLOCKS]] = b
+        st[i, _BLOCKS] += 1
+
+
+@numba.njit(cache=True)
+def cache_full(P, st, i, tokens, bs):
+    """Cache request ``i``'s blocks that ``tokens`` fill (and are not cached yet)."""
+    ncached, table, off, rkey = P[NCACHED], P[TABLE], P[TOFF][i], P[RKEY]
+    bkey, dnext, dprev, khead, ktail = P[BKEY], P[DNEXT], P[DPREV], P[KHEAD], P[KTAIL]
+    full = tokens // bs
+    for j in range(ncached[i], full):
+        b, k = table[off + j], rkey[off + j]
+        bkey[b] = k
+        dprev[b] = ktail[k]
+        dnext[b] = -1
+        if ktail[k] >= 0:
+            dnext[ktail[k]] = b
+        else:
+            khead[k] = b
+        ktail[k] = b
+    if full > ncached[i]:
+        ncached[i] = full
+
+
+@numba.njit(cache=True)
+def release(P, st, i):
+    """Request ``i`` lets go of its blocks, last first. Returns the blocks that became free."""
+    nxt, prv, ref, bkey, table, off = P[NXT], P[PRV], P[REF], P[BKEY], P[TABLE], P[TOFF][i]
+    s = ref.shape[0]
+    n = st[i, _BLOCKS]
+    head = s                        # the uncached ones go to the queue's head, in release order
+    freed = 0
+    for j in range(n - 1, -1, -1):
+        b = table[off + j]
+        ref[b] -= 1
+        if ref[b] > 0:
+            continue
+        freed += 1
+        if bkey[b] < 0:             # after the last uncached one inserted (head: the sentinel)
+            q = nxt[head]
+            nxt[head] = b
+            prv[b] = head
+            nxt[b] = q
+            prv[q] = b
+            head = b
+        else:                       # at the tail
+            p = prv[s]
+            nxt[p] = b
+            prv[b] = p
+            nxt[b] = s
+            prv[s] = b
+    st[i, _BLOCKS] = 0
+    P[NCACHED][i] = 0
+    return freed
