@@ -48,17 +48,21 @@ def recorded(admissions, record: list):
         yield i
 
 
-def long_trace(n_windows: int):
-    """Windows in manifest order, each starting one mean gap after the previous one's last arrival."""
-    windows = store.load_windows()[:n_windows]
+def long_trace(n_windows: int, source: str | None = None):
+    """Windows in manifest order (the study's, or ``source``'s), each starting one mean gap after the
+    previous one's last arrival; a prefix-hashed source's windows keep their block hashes."""
+    windows = store.load_windows(source=source)[:n_windows]
     arrival, inp, out, pred, t0 = [], [], [], [], 0.0
     for w in windows:
         gap = w.duration_s / max(1, len(w) - 1)
         arrival.append(w.arrival_s + t0)
         t0 = float(arrival[-1][-1]) + gap
         inp.append(w.input_tokens), out.append(w.output_tokens), pred.append(w.predicted_output_tokens)
+    hashed = windows[0].block_hashes is not None
     return make_window(f"{n_windows}_windows", "mixed", np.concatenate(arrival), np.concatenate(inp),
-                       np.concatenate(out), np.concatenate(pred))
+                       np.concatenate(out), np.concatenate(pred),
+                       meta={"block_tokens": windows[0].meta["block_tokens"]} if hashed else None,
+                       block_hashes=[h for w in windows for h in w.block_hashes] if hashed else None)
 
 
 def main():
@@ -72,6 +76,9 @@ def main():
     ap.add_argument("--repeats", type=int, default=3, help="with --table: rounds per policy")
     ap.add_argument("--engine-share", action="store_true",
                     help="time each policy's run against a replay of its decisions (the engine alone)")
+    ap.add_argument("--prefix-caching", action="store_true",
+                    help="vLLM's prefix cache on (enable_prefix_caching) in the engine model")
+    ap.add_argument("--source", help="the windows of this source (default: the study's)")
     ap.add_argument("--calls", action="store_true",
                     help="count each policy's calls, and those that repeat a refused decision")
     args = ap.parse_args()
@@ -82,12 +89,12 @@ def main():
     if args.calls:
         return call_counts(args)
 
-    trace = scale(long_trace(args.windows), args.scale)
-    model = VllmV1Model()
+    trace = scale(long_trace(args.windows, args.source), args.scale)
+    model = VllmV1Model(enable_prefix_caching=args.prefix_caching)
     # The engine's compiled loops are loaded (or compiled, on a first run) once per process: that
     # start-up is timed apart from the simulation, as Vidur's figure is its simulation loop alone.
     t = time.perf_counter()
-    sim.simulate(scale(long_trace(1), args.scale), make_policy(args.policy), model)
+    sim.simulate(scale(long_trace(1, args.source), args.scale), make_policy(args.policy), model)
     startup = time.perf_counter() - t
     t = time.perf_counter()
     fast = sim.simulate(trace, make_policy(args.policy), model)
@@ -95,7 +102,8 @@ def main():
     n = len(trace)
     rate = n / wall
     print(f"trace                    {n} requests over {trace.duration_s:.0f} s (scale {args.scale})")
-    print(f"engine model             vllm_v1, policy {args.policy}, {fast.n_steps} engine steps, "
+    print(f"engine model             vllm_v1 (prefix cache {'on' if args.prefix_caching else 'off'}), "
+          f"policy {args.policy}, {fast.n_steps} engine steps, "
           f"{int(fast.completed.sum())} completed, {fast.n_preemptions} preemptions")
     print(f"engine start-up          {startup:.2f} s (compiled loops loaded once per process, not counted)")
     print(f"simulation wall time     {wall:.2f} s")
@@ -114,11 +122,11 @@ def main():
 def table(args):
     from portbench.policies import available
 
-    trace = scale(long_trace(args.windows), args.scale)
-    model = VllmV1Model()
+    trace = scale(long_trace(args.windows, args.source), args.scale)
+    model = VllmV1Model(enable_prefix_caching=args.prefix_caching)
     names = args.policies or available()
     for name in set(names) | {"fifo"}:             # compiled loops and imports, once
-        sim.simulate(scale(long_trace(1), args.scale), make_policy(name), model)
+        sim.simulate(scale(long_trace(1, args.source), args.scale), make_policy(name), model)
 
     def timed(name):
         t = time.perf_counter()
@@ -180,8 +188,8 @@ class _Replay(sim.Policy):
 
 
 def engine_share(args):
-    trace = scale(long_trace(args.windows), args.scale)
-    model = VllmV1Model()
+    trace = scale(long_trace(args.windows, args.source), args.scale)
+    model = VllmV1Model(enable_prefix_caching=args.prefix_caching)
     names = args.policies or ["fifo"]
     n = len(trace)
     print(f"{n} requests (scale {args.scale}), vllm_v1; per policy, {args.repeats} rounds of: the "
@@ -190,7 +198,7 @@ def engine_share(args):
           f"{'engine us/call':>15s} {'engine-only req/s':>18s}")
     for name in names:
         rec = _Recorder(make_policy(name))
-        sim.simulate(scale(long_trace(1), args.scale), make_policy(name), model)
+        sim.simulate(scale(long_trace(1, args.source), args.scale), make_policy(name), model)
         first = sim.simulate(trace, rec, model)
         runs, replays = [], []
         for _ in range(args.repeats):
@@ -240,8 +248,8 @@ class _CallCounter(sim.Policy):
 
 
 def call_counts(args):
-    trace = scale(long_trace(args.windows), args.scale)
-    model = VllmV1Model()
+    trace = scale(long_trace(args.windows, args.source), args.scale)
+    model = VllmV1Model(enable_prefix_caching=args.prefix_caching)
     for name in args.policies or ["fifo"]:
         counter = _CallCounter(make_policy(name))
         result = sim.simulate(trace, counter, model)

@@ -20,7 +20,21 @@ Configurations (``--configs``):
 - ``study``: the study's real-system configuration: 32,768-token budget, chunked prefill off (vLLM;
   vllm_v1 always chunks), ``max_model_len`` 32,768, at most 32 requests running (the study's 32
   client threads, as an engine cap here), 500,000 KV tokens;
-- ``long_prefill``: the campaign's with ``long_prefill_token_threshold`` 256.
+- ``long_prefill``: the campaign's with ``long_prefill_token_threshold`` 256;
+- ``campaign_cache``: the campaign's with vLLM's prefix cache on in both (``enable_prefix_caching``;
+  RQ9), and vLLM's ``max_model_len`` raised to the KV cache (131,072 tokens): ``vllm_v1`` has no
+  such limit, and Mooncake's longest requests (up to 126,527 tokens) exceed vLLM's 32,768 default.
+  Prompts share blocks where the windows' block hashes say so (:mod:`portbench.engine.prefix`), so
+  run it on a prefix-hashed source (``--source mooncake_conversation``); on the study's windows
+  only a preempted request's own blocks can hit. The first differing step of a run can then also
+  be of class ``cache_hit`` (another hit at admission, or an admission in one engine only of a
+  request with a hit).
+
+Windows (``--source``, ``--windows-per-source``): the first N windows of each source, by default of
+the study's sources (:data:`portbench.store.SOURCES_OF_THE_STUDY`). A source without λ_ref
+(``mooncake_conversation``) needs ``--lambda-ref-from-calibration``: each window's λ_ref is then
+searched as the campaign's is (:func:`portbench.regions.find_lambda_ref`: FIFO, the 0.5% SLO-violation
+knee, bisection on log10 λ) on each configuration's own ``vllm_v1`` model, and printed.
 
 Runs in the vLLM environment (``.venv-vllm/bin/python benchmarks/native_vs_model.py``); vLLM's
 scheduler and ``vllm_v1``'s numba loops share one process (only building a whole vLLM engine clashes
@@ -29,6 +43,11 @@ chapter reads them (:func:`portbench.results.native_check_path`):
 
     .venv-vllm/bin/python benchmarks/native_vs_model.py --windows-per-source 0 --configs campaign study \
         long_prefill --policies fifo edf vllm_priority --no-lssp --save
+
+RQ9's check (prefix caching, Mooncake windows, λ_ref calibrated on ``vllm_v1`` with the cache on):
+
+    .venv-vllm/bin/python benchmarks/native_vs_model.py --source mooncake_conversation \
+        --windows-per-source 4 --configs campaign_cache --lambda-ref-from-calibration --no-lssp
 """
 
 from __future__ import annotations
@@ -61,34 +80,71 @@ CONFIGS = {
     "study": ({"max_num_batched_tokens": 32768, "max_active_sequences": 32, "max_kv_tokens": 500_000},
               {"enable_chunked_prefill": False, "max_model_len": 32768}),
     "long_prefill": ({"long_prefill_token_threshold": 256}, {}),
+    "campaign_cache": ({"enable_prefix_caching": True}, {"max_model_len": 131072}),
 }
 
 
 def models(config: str):
+    """(``vllm_v1`` model, ``vllm_native`` model) of ``config``; refused, naming the option, when
+    this ``VllmV1Model`` lacks one of the configuration's options."""
+    import dataclasses
+
     from portbench.engine.vllm_v1 import VllmV1Model
 
     shared, native_only = CONFIGS[config]
+    known = {f.name for f in dataclasses.fields(VllmV1Model)}
+    missing = [k for k in shared if k not in known]
+    if missing:
+        raise SystemExit(f"configuration {config!r} needs VllmV1Model option(s) "
+                         f"{', '.join(missing)}, which portbench/engine/vllm_v1.py does not have yet")
     return VllmV1Model(**shared), nat.VllmNativeModel(**shared, **native_only)
 
 
+LAMBDA_REF_TABLE = ROOT / "data" / "results" / "lambda_ref_vllm_v1.csv"
+
+
 def lambda_refs() -> pd.Series:
-    path = ROOT / "data" / "results" / "lambda_ref_vllm_v1.csv"
-    return pd.read_csv(path).set_index("window_id")["lambda_ref"]
+    return pd.read_csv(LAMBDA_REF_TABLE).set_index("window_id")["lambda_ref"]
 
 
-def pick_windows(per_source: int | None):
-    manifest = store.list_windows()
+def pick_windows(per_source: int | None, sources=None):
+    """The first ``per_source`` windows (None: all) of each of ``sources`` (default: the study's,
+    :data:`portbench.store.SOURCES_OF_THE_STUDY`)."""
+    manifest = store.list_windows(every_source=True)
+    sources = store.SOURCES_OF_THE_STUDY if sources is None else sources
+    unknown = sorted(set(sources) - set(manifest["source"]))
+    if unknown:
+        raise SystemExit(f"no windows of source(s) {', '.join(unknown)}; sources: "
+                         f"{', '.join(dict.fromkeys(manifest['source']))}")
     windows = []
-    for source in dict.fromkeys(manifest["source"]):
+    for source in sources:
         ids = manifest.loc[manifest["source"] == source, "window_id"].tolist()
         windows += store.load_windows(window_ids=ids[:per_source] if per_source else ids)
     return windows
 
 
+def calibrated_lambda_refs(windows, config: str) -> dict:
+    """Each window's λ_ref searched on ``config``'s ``vllm_v1`` model (the campaign's search)."""
+    from portbench.regions import find_lambda_ref
+
+    model = models(config)[0]
+    found = {}
+    for w in windows:
+        cal = find_lambda_ref(w, model=model)
+        found[w.window_id] = cal.lambda_ref
+        pinned = f" (pinned {cal.pinned})" if cal.pinned else ""
+        print(f"  [{config}] λ_ref {w.window_id}: {cal.lambda_ref:.4g}{pinned}, "
+              f"{cal.n_simulations} simulations")
+    return found
+
+
 def timed(window, policy: str, model):
+    """(RunResult, wall seconds, prompt tokens admissions took from the prefix cache or None)."""
     t = time.perf_counter()
-    result = simulate(window, make_policy(policy), model)
-    return result, time.perf_counter() - t
+    engine = model.make_engine(window, make_policy(policy))
+    engine.run()
+    result = engine.result(window)
+    return result, time.perf_counter() - t, getattr(engine, "hit_tokens", None)
 
 
 def identical(a, b) -> bool:
@@ -120,8 +176,15 @@ def main(argv=None) -> int:
     ap.add_argument("--policies", nargs="+", default=["fifo"])
     ap.add_argument("--configs", nargs="+", default=["campaign", "campaign_first_chunk"],
                     choices=list(CONFIGS))
+    ap.add_argument("--source", nargs="+", metavar="SOURCE",
+                    help="the windows' source(s) (default: the study's three; "
+                         "mooncake_conversation for RQ9's prefix caching)")
     ap.add_argument("--windows-per-source", type=int, default=2,
                     help="the first N windows of each source (0: all 40)")
+    ap.add_argument("--lambda-ref-from-calibration", action="store_true",
+                    help="search each window's λ_ref on each configuration's vllm_v1 model "
+                         "(regions.find_lambda_ref), not read it from lambda_ref_vllm_v1.csv; needed "
+                         "for a source the table lacks")
     ap.add_argument("--regions", nargs="+", default=list(REGIONS), choices=list(REGIONS))
     ap.add_argument("--no-lssp", action="store_true", help="do not time the lssp model")
     ap.add_argument("--out", type=Path, help="write one row per run (CSV)")
@@ -132,12 +195,24 @@ def main(argv=None) -> int:
     nat.require_vllm()
     for p in args.policies:
         nat.native_form(p)
-    t = time.perf_counter()
-    windows = pick_windows(args.windows_per_source or None)
-    lam = lambda_refs()
-    # vLLM's import and each configuration's build happen once, outside the timed runs
-    first = scale(windows[0], lam[windows[0].window_id])
     for config in args.configs:
+        models(config)                  # a configuration this vllm_v1 cannot run stops here
+    t = time.perf_counter()
+    windows = pick_windows(args.windows_per_source or None, args.source)
+    if args.lambda_ref_from_calibration:
+        print(f"λ_ref calibration on vllm_v1 ({len(windows)} windows):")
+        lams = {config: calibrated_lambda_refs(windows, config) for config in args.configs}
+    else:
+        table = lambda_refs()
+        lacking = [w.window_id for w in windows if w.window_id not in table.index]
+        if lacking:
+            raise SystemExit(f"no λ_ref for {len(lacking)} window(s) ({lacking[0]}, ...) in "
+                             f"{LAMBDA_REF_TABLE.relative_to(ROOT)}: run with "
+                             f"--lambda-ref-from-calibration")
+        lams = {config: table for config in args.configs}
+    # vLLM's import and each configuration's build happen once, outside the timed runs
+    for config in args.configs:
+        first = scale(windows[0], lams[config][windows[0].window_id])
         for p in args.policies:
             for m in (*models(config), LsspModel()):       # numba's loops are loaded here too
                 simulate(first, make_policy(p), m)
@@ -146,22 +221,26 @@ def main(argv=None) -> int:
     rows = []
     for config in args.configs:
         model, native = models(config)
+        lam = lams[config]
         for policy in args.policies:
             wall = collections.Counter()
             n_req = 0
             classes = collections.Counter()
             examples = {}
             n_same = n_runs = 0
+            hit = prompt = 0
             for w in windows:
                 for region in args.regions:
                     s = scale(w, lam[w.window_id] * REGIONS[region])
-                    a, ta = timed(s, policy, model)
-                    b, tb = timed(s, policy, native)
+                    a, ta, _ = timed(s, policy, model)
+                    b, tb, hits = timed(s, policy, native)
                     wall["vllm_v1"] += ta
                     wall["vllm_native"] += tb
                     if not args.no_lssp:
                         wall["lssp"] += timed(s, policy, LsspModel())[1]
                     n_req += len(s)
+                    hit += hits or 0
+                    prompt += int(s.input_tokens.sum())
                     same = identical(a, b)
                     n_runs += 1
                     n_same += same
@@ -173,15 +252,21 @@ def main(argv=None) -> int:
                         classes[cls] += 1
                         examples.setdefault(cls, (w.window_id, region, step, detail))
                     rows.append({"config": config, "policy": policy, "window_id": w.window_id,
-                                 "source": w.source, "region": region, "identical": same,
+                                 "source": w.source, "region": region,
+                                 "lambda_ref": float(lam[w.window_id]), "identical": same,
                                  "requests_differing": n_differing(a, b), "first_step": step,
                                  "class": cls, "detail": detail,
                                  "steps_model": a.n_steps, "steps_native": b.n_steps,
                                  "preemptions_model": a.n_preemptions,
                                  "preemptions_native": b.n_preemptions,
+                                 "hit_tokens_native": hits,
                                  "wall_model_s": ta, "wall_native_s": tb})
             print(f"\n[{config}] {policy}: {n_same}/{n_runs} runs identical "
                   f"({100 * n_same / n_runs:.1f}%)")
+            if native.enable_prefix_caching:
+                print(f"  prefix cache (vLLM): {hit:,} tokens taken from the cache at admission, "
+                      f"{100 * hit / max(prompt, 1):.1f}% of the {prompt:,} prompt tokens (a preempted "
+                      f"request's own blocks included)")
             for cls, count in classes.most_common():
                 wid, region, step, detail = examples[cls]
                 print(f"  {cls}: {count} runs ({100 * count / n_runs:.1f}%) -- "

@@ -43,6 +43,9 @@ IDENTITY_COLUMNS = ["source", "window_id", "region", "region_factor", "lambda_re
                     "policy", "slo_multiplier", "prediction_error", "engine_model"]
 DIAGNOSTIC_COLUMNS = ["n_completed", "n_dropped", "n_unfinished", "n_preemptions", "n_steps"]
 RESULT_COLUMNS = IDENTITY_COLUMNS + list(METRICS) + DIAGNOSTIC_COLUMNS + ["cell_key"]
+#: A campaign with the prefix cache on adds, per cell, the tokens its admissions looked up in the
+#: cache and those the cache served (their ratio is the cell's hit rate).
+PREFIX_COLUMNS = ["prefix_queried_tokens", "prefix_hit_tokens"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +60,12 @@ class CampaignConfig:
     (and so every region's load) is the same at every level, and only the policies' information
     differs between two levels. (With a prediction-reading ``calibration_policy`` the regions stay
     those of the study's predictions, on purpose.)
+
+    ``engine_options``: ``(setting, value)`` pairs that change the engine model's defaults (e.g.
+    ``(("enable_prefix_caching", True), ("max_kv_tokens", 65536))``); such a campaign needs a
+    ``tag``, which names its table, λ_ref table and cache folder (``campaign_<engine>_<tag>``), so
+    that it never overwrites the default configuration's. λ_ref is calibrated under the changed
+    model (each configuration at its own knee, as the study calibrates each engine).
     """
 
     engine_model: str = "lssp"
@@ -66,17 +75,24 @@ class CampaignConfig:
     window_ids: tuple | None = None
     calibration_policy: str = "fifo"
     prediction_error: float = PREDICTION_RELATIVE_ERROR
+    engine_options: tuple = ()
+    tag: str = ""
 
     def __post_init__(self):
         for p in self.policies:
             make_policy(p)
+        object.__setattr__(self, "engine_options", tuple((str(k), v) for k, v in self.engine_options))
+        if self.engine_options and not self.tag:
+            raise ValueError("a campaign with engine_options needs a tag (it names the campaign's table)")
+        if self.tag and not self.tag.replace("_", "").replace("-", "").isalnum():
+            raise ValueError(f"campaign tag {self.tag!r}: use letters, digits, '_' and '-' only")
         if self.engine_model == "vllm_native":
             # vLLM's own scheduler runs only the policies vLLM itself expresses: say so before any run
             from .engine.vllm_native import native_form
 
             for p in (*self.policies, self.calibration_policy):
                 native_form(p)
-        engine_model(self.engine_model)
+        self.model()                    # an unknown engine model or setting fails here, named
         object.__setattr__(self, "prediction_error", check_prediction_error(self.prediction_error))
         for r in self.regions:
             if r not in REGIONS:
@@ -86,6 +102,23 @@ class CampaignConfig:
                 raise ValueError(f"SLO multiplier must be positive, got {m!r}")
         if not self.policies or not self.regions or not self.slo_multipliers:
             raise ValueError("a campaign needs at least one policy, region and SLO multiplier")
+
+    def model(self):
+        """The engine model the campaign runs: its defaults, ``engine_options`` applied."""
+        model = engine_model(self.engine_model)
+        if not self.engine_options:
+            return model
+        fields = {f.name for f in dataclasses.fields(model)}
+        unknown = [k for k, _ in self.engine_options if k not in fields]
+        if unknown:
+            raise KeyError(f"engine model {self.engine_model!r} has no setting {unknown[0]!r}; its "
+                           f"settings: {', '.join(sorted(fields))}")
+        return dataclasses.replace(model, **dict(self.engine_options))
+
+    @property
+    def table_name(self) -> str:
+        """What names the campaign's files: the engine model, and its tag if any."""
+        return f"{self.engine_model}_{self.tag}" if self.tag else self.engine_model
 
 
 #: Engine-model files that decide only their own model's results (``vllm_native`` steps vLLM's
@@ -111,7 +144,7 @@ def code_fingerprint(engine_model: str | None = None) -> str:
 
 
 def shard_key(window: Window, config: CampaignConfig, slo_multiplier: float, fingerprint: str) -> str:
-    model = engine_model(config.engine_model)
+    model = config.model()
     payload = {
         "window_sha256": store.rows_sha256(window.arrival_s, window.input_tokens, window.output_tokens,
                                            window.predicted_output_tokens),
@@ -137,8 +170,9 @@ def run_window(window: Window, config: CampaignConfig, slo_multiplier: float, fi
     its SLO variants); the cells then run with deadlines for ``slo_multiplier`` and predictions at
     ``config.prediction_error`` (deadlines kept: they are the requests' SLOs).
     """
-    model = engine_model(config.engine_model)
+    model = config.model()
     key = shard_key(window, config, slo_multiplier, fingerprint)
+    caching = getattr(model, "enable_prefix_caching", False)
     lam = lambda_ref if lambda_ref is not None else calibrate(window, config).lambda_ref
     variant = window if slo_multiplier == window.slo_multiplier else with_slo(window, slo_multiplier)
     variant = with_prediction_error(variant, config.prediction_error)
@@ -162,13 +196,15 @@ def run_window(window: Window, config: CampaignConfig, slo_multiplier: float, fi
             "n_completed": n_done, "n_dropped": n_never, "n_unfinished": len(window) - n_done - n_never,
             "n_preemptions": result.n_preemptions, "n_steps": result.n_steps,
             "cell_key": cell_key(key, region, policy),
+            **({"prefix_queried_tokens": result.prefix_queried_tokens,
+                "prefix_hit_tokens": result.prefix_hit_tokens} if caching else {}),
         })
-    return pd.DataFrame(rows, columns=RESULT_COLUMNS)
+    return pd.DataFrame(rows, columns=RESULT_COLUMNS + (PREFIX_COLUMNS if caching else []))
 
 
 def calibrate(window: Window, config: CampaignConfig):
     """The window's λ_ref under the campaign's engine model and calibration policy."""
-    return find_lambda_ref(window, policy=config.calibration_policy, model=engine_model(config.engine_model))
+    return find_lambda_ref(window, policy=config.calibration_policy, model=config.model())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -212,7 +248,7 @@ def run_campaign(config: CampaignConfig | None = None, *, data_dir: Path | None 
     t0 = time.perf_counter()
     windows = store.load_windows(data_dir, window_ids=config.window_ids)
     fingerprint = code_fingerprint(config.engine_model)
-    cache = results.ShardCache(cache_dir(config.engine_model, data_dir, config.prediction_error),
+    cache = results.ShardCache(cache_dir(config.table_name, data_dir, config.prediction_error),
                                RESULT_COLUMNS, merge_on=("region", "policy"))
     wanted = [(r, p) for r in config.regions for p in config.policies]
     todo: dict[str, tuple] = {}           # window_id -> (window, config, fingerprint, [(stem, slo, cells)])
@@ -227,13 +263,13 @@ def run_campaign(config: CampaignConfig | None = None, *, data_dir: Path | None 
     n_reused = sum(len(f) for f in cache.frames.values())
     n_new_cells = sum(len(cells) for *_, jobs in todo.values() for _, _, cells in jobs)
     run_sharded(_task, list(todo.values()), cache, executor=executor, workers=workers, address=address,
-                progress=progress, total=n_new_cells, unit="cell", desc=f"campaign [{config.engine_model}]")
+                progress=progress, total=n_new_cells, unit="cell", desc=f"campaign [{config.table_name}]")
 
     table = assemble(cache.frames.values(), config)
-    path = Path(output) if output else results_path(config.engine_model, data_dir, config.prediction_error)
+    path = Path(output) if output else results_path(config.table_name, data_dir, config.prediction_error)
     stamp = campaign_stamp(config, {w.window_id: w.meta.get("sha256", "") for w in windows}, fingerprint)
     results.write_table(path, table, stamp)
-    write_lambda_table(table, windows, results.lambda_ref_path(config.engine_model, data_dir,
+    write_lambda_table(table, windows, results.lambda_ref_path(config.table_name, data_dir,
                                                                config.prediction_error, beside=path))
     return CampaignSummary(len(table), n_new_cells, n_reused, len(windows),
                            time.perf_counter() - t0, path, table)
@@ -266,12 +302,15 @@ def campaign_stamp(config: CampaignConfig, window_sha256: dict, fingerprint: str
              "windows": dict(window_sha256)}
     if config.prediction_error != PREDICTION_RELATIVE_ERROR:    # the study's stamps stay as they were
         stamp["prediction_error"] = config.prediction_error
+    if config.tag:
+        stamp["tag"] = config.tag
+        stamp["engine_options"] = [[k, v] for k, v in config.engine_options]
     return stamp
 
 
 def results_are_current(config: CampaignConfig, data_dir: Path | None = None) -> bool:
     """True when the results table on disk was made by this code from these windows and config."""
-    path = results_path(config.engine_model, data_dir, config.prediction_error)
+    path = results_path(config.table_name, data_dir, config.prediction_error)
     saved = results.read_stamp(path) if path.exists() else None
     if saved is None:
         return False
@@ -322,7 +361,8 @@ def assemble(frames, config: CampaignConfig) -> pd.DataFrame:
     policy_rank = {p: k for k, p in enumerate(config.policies)}
     table = table.assign(_r=table["region"].map(region_rank), _p=table["policy"].map(policy_rank))
     table = table.sort_values(["source", "window_id", "slo_multiplier", "_r", "_p"], kind="stable")
-    return table.drop(columns=["_r", "_p"]).reset_index(drop=True)[RESULT_COLUMNS]
+    columns = RESULT_COLUMNS + [c for c in PREFIX_COLUMNS if c in table.columns]
+    return table.drop(columns=["_r", "_p"]).reset_index(drop=True)[columns]
 
 
 def write_lambda_table(table: pd.DataFrame, windows, path: Path) -> pd.DataFrame:

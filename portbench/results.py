@@ -89,6 +89,12 @@ def native_check_path(data_dir: Path | None = None) -> Path:
     return results_dir(data_dir) / "native_vs_model.csv"
 
 
+def native_prefix_check_path(data_dir: Path | None = None) -> Path:
+    """The same check with the prefix cache on, on the prefix-hashed source (RQ9):
+    ``native_vs_model_prefix.csv``."""
+    return results_dir(data_dir) / "native_vs_model_prefix.csv"
+
+
 def custom_engines_path(data_dir: Path | None = None) -> Path:
     """The "Add your own scheduler" chapter's policy and a panel on three engine models, one row per
     (engine model, window, region, policy): ``custom_policy_engines.csv``

@@ -22,6 +22,14 @@ def test_every_registered_policy_keeps_the_contract(name):
     check_policy(type(make_policy(name)), max_examples=30)
 
 
+@pytest.mark.parametrize("name", available())
+def test_every_registered_policy_keeps_the_contract_with_the_prefix_cache(name):
+    # vllm_v1 with its prefix cache on: random windows whose prompts share prefixes, and a
+    # prefix-hashed (Mooncake) window at high load; view.cached_prefix changes under the policy
+    check_policy(type(make_policy(name)), engine_models=("vllm_v1_cache",), max_examples=15,
+                 real_windows=1)
+
+
 class PreemptOnce(Policy):
     """Admits in arrival order and, once, preempts the oldest running request — with no timer."""
 

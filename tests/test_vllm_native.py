@@ -256,3 +256,184 @@ def test_settings_vllm_refuses_are_refused_up_front(vllm):
         nat.VllmNativeModel(max_num_batched_tokens=32)              # below 64 sequences
     with pytest.raises(ValueError, match="chunked prefill off"):
         nat.VllmNativeModel(enable_chunked_prefill=False)           # 32,768 > 2,048
+
+
+# --- prefix caching ------------------------------------------------------------------------------
+
+def vllm_v1_has_prefix_caching() -> bool:
+    import dataclasses
+
+    from portbench.engine.vllm_v1 import VllmV1Model
+
+    return "enable_prefix_caching" in {f.name for f in dataclasses.fields(VllmV1Model)}
+
+
+needs_model_cache = pytest.mark.skipif(not vllm_v1_has_prefix_caching(),
+                                       reason="VllmV1Model has no enable_prefix_caching yet")
+
+#: vllm_native with the cache on and room for Mooncake's longest requests (vllm_v1 has no such cap)
+CACHE_ON = {"enable_prefix_caching": True}
+NATIVE_LONG = {"max_model_len": 131072}
+
+
+def mooncake(k: int = 0):
+    return store.load_windows(source="mooncake_conversation")[k]
+
+
+def shared_prefix_pair(gap_s: float = 1.0):
+    """Two requests whose first 512-token hash block is the same (hash id 5), the second arriving
+    ``gap_s`` after the first (which has left by then: its blocks stay cached)."""
+    return make_window("tiny_prefix", "test", [0, gap_s], [600, 700], [2, 2], [2, 2],
+                       meta={"block_tokens": 512}, block_hashes=[np.array([5, 6]), np.array([5, 7])])
+
+
+def test_prompts_from_hash_ids_share_vllms_block_hashes_exactly_where_the_keys_agree(vllm):
+    from vllm import SamplingParams
+    from vllm.v1.request import Request
+
+    from portbench.engine import prefix
+
+    w = mooncake()
+    model = nat.VllmNativeModel(**CACHE_ON, **NATIVE_LONG)
+    bs, hash_tokens = model.block_size, int(w.meta["block_tokens"])
+    hasher = nat._block_hasher(bs, nat._vllm_config(model, "fcfs").cache_config.prefix_caching_hash_algo)
+    keys, offsets, _ = prefix.block_keys(w, bs)
+    rng = np.random.default_rng(0)
+    key_of, hash_of = {}, {}
+    n_blocks = 0
+    for i in range(20):
+        ids = prefix.prompt_token_ids(int(w.input_tokens[i]), w.block_hashes[i], hash_tokens, rng)
+        r = Request(str(i), ids, SamplingParams(max_tokens=1), None, arrival_time=0.0, block_hasher=hasher)
+        assert len(r.block_hashes) == w.input_tokens[i] // bs          # the prompt's full blocks
+        for j, h in enumerate(r.block_hashes):
+            k = int(keys[offsets[i] + j])
+            assert key_of.setdefault(h, k) == k and hash_of.setdefault(k, h) == h, (i, j)
+        n_blocks += len(r.block_hashes)
+    assert len(hash_of) < n_blocks                  # the window's requests do share blocks
+
+
+def test_a_request_with_a_cache_hit_is_scheduled_with_fewer_prefill_tokens(vllm):
+    # Request 1 shares request 0's first 512 tokens (32 blocks): vLLM admits it with them computed,
+    # schedules the other 188 of its 700, and the step costs 188 prefill tokens and 512 context ones.
+    w = shared_prefix_pair()
+    on = nat.VllmNativeModel(**CACHE_ON)
+    _, steps = nat.record_native_steps(w, make_policy("fifo"), on)
+    k = next(j for j, s in enumerate(steps) if 1 in s.admitted)
+    assert steps[k].hits == {1: 512} and steps[k].scheduled == {1: 700 - 512}
+    c0, cp, _, cc, cg = on.cost.picoseconds()
+    assert steps[k + 1].start_ps - steps[k].start_ps == c0 + cg + cp * 188 + cc * 512
+    engine = on.make_engine(w, make_policy("fifo"))
+    engine.run()
+    assert engine.hit_tokens == 512
+    _, off = nat.record_native_steps(w, make_policy("fifo"), nat.VllmNativeModel())
+    k = next(j for j, s in enumerate(off) if 1 in s.admitted)
+    assert off[k].hits == {1: 0} and off[k].scheduled == {1: 700}
+    # a window without hashes shares nothing
+    plain = make_window("tiny_plain", "test", [0, 1.0], [600, 700], [2, 2], [2, 2])
+    _, steps = nat.record_native_steps(plain, make_policy("fifo"), on)
+    assert all(h == 0 for s in steps for h in s.hits.values())
+
+
+def test_a_hit_one_engine_misses_is_classed_as_a_cache_difference(vllm):
+    # vllm_v1 without the cache against vLLM with it: request 1's admission step is the first to
+    # differ, with the same request admitted and another hit (0 tokens against 512).
+    from portbench.engine.vllm_v1 import VllmV1Model
+
+    w = shared_prefix_pair()
+    native = nat.VllmNativeModel(**CACHE_ON)
+    _, ms = nat.record_model_steps(w, make_policy("fifo"), VllmV1Model())
+    _, ns = nat.record_native_steps(w, make_policy("fifo"), native)
+    k = nat.first_differing_step(ms, ns)
+    assert ns[k].admitted == [1]
+    cls, detail = nat.classify_step(k, ms, ns, w, "fifo", native)
+    assert cls == "cache_hit" and detail.endswith("{1: (0, 512)}")
+
+
+@pytest.mark.parametrize("cache", [True, False])
+def test_the_key_view_reads_the_hit_vllm_finds_at_admission_without_touching_the_cache(vllm, monkeypatch,
+                                                                                       cache):
+    """At every lookup vLLM makes for a waiting request (``get_computed_blocks``), the key view's
+    ``cached_prefix`` says the same, and asking it leaves the free queue as it was."""
+    from portbench.realengine.vllm_key_scheduler import KeyPolicyScheduler
+
+    seen = []
+    build = nat.build_scheduler
+
+    def hooked(*args, **kwargs):
+        sched = build(*args, **kwargs)
+        assert isinstance(sched, KeyPolicyScheduler)
+        kvm = sched.kv_cache_manager
+        lookup = kvm.get_computed_blocks
+
+        def checked(request):
+            i = int(request.request_id)
+            pool = kvm.block_pool
+            queue = pool.free_block_queue
+            before = [b.block_id for b in queue.get_all_free_blocks()] if len(seen) < 30 else None
+            said = int(sched._view.cached_prefix([i])[0])
+            if before is not None:
+                assert [b.block_id for b in queue.get_all_free_blocks()] == before
+            out = lookup(request)
+            seen.append((i, said, out[1]))
+            return out
+
+        kvm.get_computed_blocks = checked
+        return sched
+
+    monkeypatch.setattr(nat, "build_scheduler", hooked)
+    w = scale(mooncake(), 2.0) if cache else real_window("burstgpt", "KNEE")
+    model = nat.VllmNativeModel(**(CACHE_ON if cache else {}), **(NATIVE_LONG if cache else {}))
+    engine = model.make_engine(w, make_policy("shortest_prefill_first"))
+    engine.record_steps()
+    engine.run()
+    assert seen and all(said == found for _, said, found in seen)
+    admitted = sum(h for s in engine.step_log for h in s.hits.values())
+    assert admitted == engine.hit_tokens
+    if cache:
+        assert sum(found > 0 for _, _, found in seen) > 50 and admitted > 0
+    else:
+        assert all(found == 0 for _, _, found in seen) and admitted == 0
+
+
+def test_the_key_view_reads_no_hit_for_a_request_vllm_does_not_hold(vllm):
+    from portbench.realengine.vllm_key_scheduler import KeyView
+
+    w = shared_prefix_pair()
+    view = KeyView(w, model=None)
+    assert view.cached_prefix([0, 1]).tolist() == [0, 0] and view.cached_prefix([]).dtype == np.int64
+
+
+@needs_model_cache
+def test_the_tiny_shared_prefix_runs_as_on_vllm_v1(vllm):
+    assert first_difference(shared_prefix_pair(), "fifo", CACHE_ON) is None
+    assert first_difference(shared_prefix_pair(0.001), "fifo", CACHE_ON) is None    # overlapping
+
+
+@needs_model_cache
+def test_fifo_with_the_prefix_cache_on_a_mooncake_window_at_high_load_is_vllms(vllm):
+    """One Mooncake window, compressed 2x (about 2.5 times its λ_ref on vllm_v1 with the cache: KV
+    pressure, preemptions and hits), FIFO: vllm_v1 and vLLM's own scheduler admit, emit the first
+    token and finish every request at the same picosecond."""
+    from portbench.engine.vllm_v1 import VllmV1Model
+
+    w = scale(mooncake(), 2.0)
+    a = simulate(w, make_policy("fifo"), VllmV1Model(**CACHE_ON))
+    engine = nat.VllmNativeModel(**CACHE_ON, **NATIVE_LONG).make_engine(w, make_policy("fifo"))
+    engine.run()
+    b = engine.result(w)
+    assert engine.hit_tokens > 0 and b.n_preemptions > 0
+    assert same_stamps(a, b), first_difference(w, "fifo", CACHE_ON, NATIVE_LONG)
+
+
+def test_the_comparison_names_an_option_vllm_v1_lacks(monkeypatch):
+    import importlib.util as iu
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "native_vs_model.py"
+    spec = iu.spec_from_file_location("native_vs_model", path)
+    bench = iu.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert "campaign_cache" in bench.CONFIGS
+    monkeypatch.setitem(bench.CONFIGS, "future", ({"enable_some_cache": True}, {}))
+    with pytest.raises(SystemExit, match="VllmV1Model option.* enable_some_cache"):
+        bench.models("future")

@@ -289,6 +289,10 @@ class RunResult:
     duration_s: float               # start of the last executed step, from t = 0 (the study's span)
     n_steps: int                    # steps up to and including the last executed one
     n_preemptions: int
+    # prefix caching (engine models with a prefix cache): over every admission, the tokens looked up
+    # (the sequence so far) and those the cache served
+    prefix_queried_tokens: int = 0
+    prefix_hit_tokens: int = 0
 
     @property
     def completed(self) -> np.ndarray:

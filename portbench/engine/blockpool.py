@@ -23,8 +23,9 @@ full-attention group whose hash block is its KV block:
 
 Block keys (which blocks hold the same tokens) come from :func:`portbench.engine.prefix.block_keys`.
 The pool is a handful of int64 arrays worked on by numba functions (a doubly linked free queue, a
-first-in list of blocks per key, each request's block table); :class:`BlockPool` holds them, and
-the engine's compiled loops take its :attr:`BlockPool.arrays`.
+first-in list of blocks per key, each request's block table), laid end to end in one array (one
+argument to pass into compiled code: :func:`_views` cuts it up there); :class:`BlockPool` holds it,
+and the engine's compiled loops take its :attr:`BlockPool.array`.
 """
 
 from __future__ import annotations
@@ -36,8 +37,9 @@ from .prefix import block_keys
 
 # the engine's request table columns these functions read and write (vllm_v1's)
 _COMPUTED, _BLOCKS = 2, 4
-# BlockPool.arrays, by position
+# the pool's arrays (views of BlockPool.array), by position in _views' tuple
 NXT, PRV, REF, BKEY, KHEAD, KTAIL, DNEXT, DPREV, TABLE, TOFF, RKEY, NCACHED = range(12)
+_HEADER = 4             # BlockPool.array starts with: blocks, keys, block-table entries, requests
 
 
 class BlockPool:
@@ -52,26 +54,27 @@ class BlockPool:
         prv[s] = n_blocks - 1 if n_blocks else s
         if not n_blocks:
             nxt[s] = s
-        self.arrays = (nxt, prv, np.zeros(n_blocks, np.int64), np.full(n_blocks, -1, np.int64),
-                       np.full(n_keys, -1, np.int64), np.full(n_keys, -1, np.int64),
-                       np.full(n_blocks, -1, np.int64), np.full(n_blocks, -1, np.int64),
-                       np.full(len(keys), -1, np.int64), offsets, keys,
-                       np.zeros(len(offsets) - 1, np.int64))
+        parts = (np.array([n_blocks, n_keys, len(keys), len(offsets) - 1], np.int64), nxt, prv,
+                 np.zeros(n_blocks, np.int64), np.full(n_blocks, -1, np.int64),
+                 np.full(n_keys, -1, np.int64), np.full(n_keys, -1, np.int64),
+                 np.full(n_blocks, -1, np.int64), np.full(n_blocks, -1, np.int64),
+                 np.full(len(keys), -1, np.int64), offsets, keys, np.zeros(len(offsets) - 1, np.int64))
+        self.array = np.concatenate(parts)
         self.block_size = block_size
 
     def hit(self, st, i: int) -> tuple[int, int]:
         """(blocks request ``i`` would hit now, how many of them are in the free queue)."""
-        return _hit(self.arrays, i, _max_hit(st, i, self.block_size))
+        return _hit_of(self.array, i, _max_hit(st, i, self.block_size))
 
     def fewest_blocks(self, st, ids, budget: int, thr: int, whole: bool) -> int:
         """The fewest free blocks any of waiting requests ``ids`` needs to be admitted now (see
         :func:`_fewest_blocks`)."""
-        return _fewest_blocks(self.arrays, st, np.asarray(ids, dtype=np.int64), self.block_size,
+        return _fewest_blocks(self.array, st, np.asarray(ids, dtype=np.int64), self.block_size,
                               budget, thr, whole)
 
     def cached_prefix(self, st, ids) -> np.ndarray:
         """The tokens a hit would skip now, for each of ``ids``."""
-        return _cached_prefix(self.arrays, st, np.asarray(ids, dtype=np.int64), self.block_size)
+        return _cached_prefix(self.array, st, np.asarray(ids, dtype=np.int64), self.block_size)
 
 
 _KEYS: dict = {}        # (window id, block size) -> (its block hashes, block_keys' answer), the last few
@@ -92,6 +95,27 @@ def _keys_of(window, block_size: int):
     return got[1]
 
 
+@numba.njit(cache=True)
+def views(A):
+    """The pool's arrays, cut out of ``A`` (:attr:`BlockPool.array`), in the order of NXT .. NCACHED:
+    the ``P`` that the functions below work on (cut once per compiled call, not per block)."""
+    nb, nk, total, n = A[0], A[1], A[2], A[3]
+    a = _HEADER
+    b = a + nb + 1
+    c = b + nb + 1
+    d = c + nb
+    e = d + nb
+    f = e + nk
+    g = f + nk
+    h = g + nb
+    i = h + nb
+    j = i + total
+    k = j + n + 1
+    m = k + total
+    return (A[a:b], A[b:c], A[c:d], A[d:e], A[e:f], A[f:g], A[g:h], A[h:i], A[i:j], A[j:k], A[k:m],
+            A[m:m + n])
+
+
 @numba.njit(cache=True, inline="always")
 def _max_hit(st, i, bs):
     """The most blocks a lookup may hit: whole blocks of the sequence so far, less its last token."""
@@ -100,6 +124,7 @@ def _max_hit(st, i, bs):
 
 @numba.njit(cache=True)
 def _hit(P, i, max_blocks):
+    """(blocks request ``i`` hits, at most ``max_blocks``; how many of them are in the free queue)."""
     khead, ref, off, rkey = P[KHEAD], P[REF], P[TOFF][i], P[RKEY]
     h = e = 0
     while h < max_blocks:
@@ -112,7 +137,9 @@ def _hit(P, i, max_blocks):
 
 
 @numba.njit(cache=True)
-def _cached_prefix(P, st, ids, bs):
+def _cached_prefix(A, st, ids, bs):
+    """The tokens a hit would skip now, for each of ``ids``."""
+    P = views(A)
     out = np.zeros(ids.shape[0], dtype=np.int64)
     for j in range(ids.shape[0]):
         i = ids[j]
@@ -122,11 +149,12 @@ def _cached_prefix(P, st, ids, bs):
 
 
 @numba.njit(cache=True)
-def _fewest_blocks(P, st, ids, bs, budget, thr, whole):
+def _fewest_blocks(A, st, ids, bs, budget, thr, whole):
     """The fewest free blocks one of ``ids`` (waiting, nothing computed) needs for admission with
     ``budget`` tokens left under the cap ``thr`` (0: none): those of its whole sequence (``whole``:
     ``reserve_full_isl``) or of its first chunk, less its hit blocks, plus the hit blocks it takes
     out of the free queue."""
+    P = views(A)
     least = 1 << 62
     for j in range(ids.shape[0]):
         i = ids[j]
@@ -217,6 +245,27 @@ def cache_full(P, st, i, tokens, bs):
         ktail[k] = b
     if full > ncached[i]:
         ncached[i] = full
+
+
+@numba.njit(cache=True)
+def admit(A, st, i, h, n, tokens, bs):
+    """An admission's blocks: request ``i``'s ``h`` hit blocks shared (:func:`touch`), ``n`` new
+    ones (:func:`allocate`), and those its first ``tokens`` fill cached (:func:`cache_full`)."""
+    P = views(A)
+    touch(P, st, i, h)
+    allocate(P, st, i, n)
+    cache_full(P, st, i, tokens, bs)
+
+
+@numba.njit(cache=True)
+def release_blocks(A, st, i):
+    """:func:`release` on :attr:`BlockPool.array` (from Python)."""
+    return release(views(A), st, i)
+
+
+@numba.njit(cache=True)
+def _hit_of(A, i, max_blocks):
+    return _hit(views(A), i, max_blocks)
 
 
 @numba.njit(cache=True)

@@ -101,7 +101,7 @@ class _Engine:
         self.predicted = window.predicted_output_tokens
         self.priority = np.ones(n) if priority is None else np.asarray(priority, dtype=np.float64)
         self.block_hashes = window.block_hashes
-        self.block_tokens = window.meta.get("block_tokens") if window.block_hashes is not None else None
+        self.block_tokens = int(window.meta["block_tokens"]) if window.block_hashes is not None else None
         self.visible = visible_steps(window.arrival_s, model.step_s).tolist()
         self.inp = window.input_tokens.tolist()
         self._inp_array = np.asarray(window.input_tokens, dtype=np.int64)

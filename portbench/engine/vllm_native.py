@@ -33,13 +33,26 @@ not run here, nor is any other policy that is not a key.
 
 vLLM rules this model has and ``vllm_v1`` does not (see ``benchmarks/native_vs_model.py``):
 chunked prefill off, ``max_model_len``, and priority scheduling's preemption victim (the running
-request of lowest priority, not the newest). ``vllm_v1`` took over three of them from this check:
+request of lowest priority, not the newest). ``vllm_v1`` took over these from this check:
 ``reserve_full_isl`` (vLLM 0.32's ``scheduler_reserve_full_isl``, on by default: a waiting request
 is admitted only when the KV blocks of its whole prompt, or prompt + output so far after a
 preemption, are free, not just those of its first chunk), the request that preempts itself when no
-other is left to preempt, and the long-prefill cap lifted when a single request is in the engine. Prefix caching is an
-option (block hashes from each request's prompt ids); the study's windows carry no prompt contents,
-so the prompts are distinct random ids and the cache never hits.
+other is left to preempt, the long-prefill cap lifted when a single request is in the engine, and
+vLLM's prefix cache (below).
+
+Prefix caching (``enable_prefix_caching``, off by default here; ``vllm_v1`` has the same option) is
+vLLM's own: its block hasher over each request's token ids, its cache lookup when a request with
+nothing computed is scheduled (new, or preempted), its free-queue eviction. The prompts are
+:func:`portbench.engine.prefix.prompt_token_ids`: where a window carries block hashes
+(``window.block_hashes``, e.g. ``mooncake_conversation``; ``meta["block_tokens"]`` tokens a hash),
+two requests' prompts hold the same tokens exactly where their hash ids say so, and every token past
+a request's hash list is a distinct random id (``prompt_seed``); each output token of request ``i``
+is :func:`~portbench.engine.prefix.output_token_id` ``(i)``, so no two requests share a block that
+holds output. A study window carries no hashes: nothing is shared between requests, and the cache
+serves only a preempted request's own blocks. A hit is counted as vLLM counts it: vLLM sets the
+request's computed tokens to the hit at admission, so the step-cost batch reads the hit as context
+and only the tokens computed in the step as prefill. With caching off the prompts are one repeated
+token and every output the same token, as before the option (the runs are unchanged).
 
 Without vLLM the model refuses to be built, naming the command that sets it up (:data:`VLLM_SETUP`).
 """
@@ -54,6 +67,7 @@ from typing import ClassVar, NamedTuple
 
 import numpy as np
 
+from . import prefix
 from .api import RunResult
 from .stepcost import PS, StepCost
 
@@ -120,9 +134,12 @@ class VllmNativeModel:
       admitted), as the real replay refuses it (vLLM would cut its output);
     - ``reserve_full_isl`` (vLLM 0.32's ``scheduler_reserve_full_isl``, default on): admission needs
       the KV blocks of the whole sequence, not just of the first chunk;
-    - ``enable_prefix_caching`` (off here; vLLM's default is on): block hashes from each request's
-      prompt ids, which are distinct random ids (seeded by ``prompt_seed``): the windows carry no
-      prompt contents, so nothing is shared and the cache never hits.
+    - ``enable_prefix_caching`` (off here; vLLM's default is on): vLLM's prefix cache over prompts
+      whose 512-token blocks follow the window's block hashes (:mod:`portbench.engine.prefix`;
+      tokens past a request's hash list, and every token of a window without hashes, are distinct
+      random ids seeded by ``prompt_seed``) and per-request output tokens: requests share cached
+      blocks exactly where their hash ids agree, and a preempted request finds its own blocks while
+      they are still cached. A hit's tokens count as context, not as prefill, in the step cost.
 
     ``long_prefill_token_threshold`` is vLLM's (0 = off). vLLM 0.32 has no
     ``max_num_partial_prefills`` (v1 removed it), so ``vllm_v1``'s concurrent-prefill caps have no
@@ -338,6 +355,7 @@ class NativeStep(NamedTuple):
     running: list           # running requests at its start, in vLLM's order
     waiting: list           # waiting requests at its start, in queue order
     head: tuple | None      # (request, its tokens) at the waiting queue's head once scheduled
+    hits: dict = {}         # admitted request -> tokens computed at admission (its prefix-cache hit)
 
 
 # --- the engine ----------------------------------------------------------------------------------
@@ -373,6 +391,7 @@ class _NativeEngine:
         self.t_ps = 0
         self.last_step_start_ps = 0
         self.n_preemptions = 0
+        self.hit_tokens = 0         # tokens admissions took from the prefix cache (new and resumed)
         self.step_log = None        # a list of per-step rows when recording (see ``record_steps``)
 
     def record_steps(self) -> None:
@@ -386,8 +405,10 @@ class _NativeEngine:
         params = SamplingParams(max_tokens=self.out[i], ignore_eos=True, detokenize=False)
         if hasher is None:
             prompt = [_TOKEN] * self.inp[i]
-        else:               # distinct prompts: the windows carry no contents, nothing is shared
-            prompt = self._rng.integers(3, 1 << 30, size=self.inp[i]).tolist()
+        else:               # 512-token blocks follow the window's hash ids; the rest distinct
+            hashes = self.window.block_hashes
+            prompt = prefix.prompt_token_ids(self.inp[i], None if hashes is None else hashes[i],
+                                             self._hash_tokens, self._rng)
         return Request(f"{i:0{_ID_WIDTH}d}", prompt, params, None,
                        arrival_time=float(self.arrival_s[i]), priority=self.vllm_priority[i],
                        block_hasher=hasher)
@@ -403,16 +424,20 @@ class _NativeEngine:
             sched.begin_key_replay(self.policy, self.window, index_of=int, clock=lambda: self.t_ps / PS,
                                    priority=self.priority)
         hasher = None
+        token, nothing = [_TOKEN], []
         if m.enable_prefix_caching:
             hasher = _block_hasher(m.block_size, sched.cache_config.prefix_caching_hash_algo)
             self._rng = np.random.default_rng(m.prompt_seed)
+            self._hash_tokens = int(self.window.meta.get("block_tokens", 512))
+            tokens = [[prefix.output_token_id(i)] for i in range(n)]    # each request its own
+        else:
+            tokens = [token] * n
         c0, cp, cd, cc, cg = m.cost.picoseconds()
         step_ps = getattr(m.cost, "step_ps", None)
         requests = sched.requests
         order = np.argsort(np.array(self.arrival_ps, dtype=np.int64), kind="stable").tolist()
         arrival_ps, out, produced = self.arrival_ps, self.out, self.produced
         first_ps, finish_ps, admit_ps = self.first_ps, self.finish_ps, self.admit_ps
-        token, nothing = [_TOKEN], []
         drain_end = None
         nxt = 0
         self.t_ps = arrival_ps[order[0]]
@@ -440,6 +465,8 @@ class _NativeEngine:
                 free0 = sched.kv_cache_manager.block_pool.get_num_free_blocks()
                 running0 = [int(r.request_id) for r in sched.running]
                 waiting0 = [int(r.request_id) for r in sched.waiting]
+                was_running = {r.request_id for r in sched.running}
+                hits = {}
             so = sched.schedule()
             if log is not None:
                 free1 = sched.kv_cache_manager.block_pool.get_num_free_blocks()
@@ -461,12 +488,19 @@ class _NativeEngine:
                     decodes += 1
                 else:
                     prefill += k
-                context += before
-                sampled.append(token if after >= total else nothing)
+                context += before                           # a new request's hit included
+                sampled.append(tokens[int(rid)] if after >= total else nothing)
+                if log is not None and rid not in was_running:
+                    hits[int(rid)] = before     # computed at admission: its cache hit
             for new in so.scheduled_new_reqs:
                 i = int(new.req_id)
                 if admit_ps[i] < 0:
                     admit_ps[i] = t
+                self.hit_tokens += new.num_computed_tokens      # its prefix-cache hit
+            cached = so.scheduled_cached_reqs
+            if cached.resumed_req_ids:
+                self.hit_tokens += sum(c for rid, c in zip(cached.req_ids, cached.num_computed_tokens)
+                                       if rid in cached.resumed_req_ids)
             self.n_preemptions += len(so.preempted_req_ids)
             self.last_step_start_ps = t
             if step_ps is None:
@@ -496,7 +530,7 @@ class _NativeEngine:
                 log.append(NativeStep(t, {int(r): k for r, k in scheduled.items()},
                                       [int(x.req_id) for x in so.scheduled_new_reqs],
                                       sorted(int(r) for r in so.preempted_req_ids), finished,
-                                      free0, free1, running0, waiting0, head))
+                                      free0, free1, running0, waiting0, head, hits))
 
     def result(self, window) -> RunResult:
         def stamp(ps):
@@ -536,6 +570,9 @@ CLASSES = {
     "preempted_queue_position": "a preempted request goes back into vLLM's priority queue by its "
                                 "priority; into vllm_v1's at the front",
     "tie_order": "two requests of equal priority admitted in another order",
+    "cache_hit": "prefix caching: a request admitted in both with another hit (tokens computed at "
+                 "admission), or an admission in one only of a request with a hit (blocks cached, "
+                 "evicted or counted otherwise)",
     "admission": "another admission (not one of the rules above)",
     "chunk_tokens": "the same requests scheduled with other token counts",
     "step_time": "the same decisions, another step start",
@@ -546,12 +583,21 @@ CLASSES = {
 def record_model_steps(window, policy, model):
     """Run ``window`` under ``policy`` on ``model`` (a ``vllm_v1`` model) step by step, logging every
     step as a :class:`NativeStep` read off the engine's state (``free_after`` and ``head``: -1 and
-    None, not observable from outside). Returns ``(RunResult, steps)``."""
+    None, not observable from outside; ``hits``: each admitted request's prefix-cache hit, read where
+    the engine gives it its blocks, and not counted in ``scheduled``). Returns ``(RunResult, steps)``."""
     from .vllm_v1 import COMPUTED, FINISH
 
     engine = model.make_engine(window, policy)
     steps = []
     execute = engine._execute_step
+    hits = {}
+    take = getattr(engine, "_take_blocks", None)        # admission under prefix caching
+    if take is not None:
+        def taking(i, hit, n_new):
+            hits[int(i)] = int(hit)
+            return take(i, hit, n_new)
+
+        engine._take_blocks = taking
 
     def logged(d, view):
         st = engine.st
@@ -559,16 +605,18 @@ def record_model_steps(window, policy, model):
         t, free0, pre0 = engine.t_ps, engine.free_blocks, engine.n_preemptions
         running0, waiting0 = list(engine.running), list(engine.waiting)
         admit0, fin0 = list(engine.admit_ps), st[:, FINISH].copy()
+        hits.clear()
         out = execute(d, view)
         after = st[:, COMPUTED]
         moved = np.nonzero(after > before)[0].tolist()
-        scheduled = {i: int(after[i] - before[i]) for i in moved}
+        scheduled = {i: int(after[i] - before[i] - hits.get(i, 0)) for i in moved}
         preempted = sorted(i for i in running0 if i not in engine.running and fin0[i] < 0
                            and st[i, FINISH] < 0) if engine.n_preemptions > pre0 else []
         admitted = [i for i in moved if admit0[i] < 0]
         finished = np.nonzero((fin0 < 0) & (st[:, FINISH] >= 0))[0].tolist()
+        entered = {i: hits.get(i, 0) for i in scheduled if i not in running0}
         steps.append(NativeStep(t, scheduled, admitted, preempted, finished, free0, -1, running0,
-                                waiting0, None))
+                                waiting0, None, entered))
         return out
 
     engine._execute_step = logged
@@ -585,10 +633,12 @@ def record_native_steps(window, policy, model: VllmNativeModel):
 
 
 def first_differing_step(model_steps, native_steps) -> int | None:
-    """The first step at which the two logs differ (start, requests scheduled with their tokens, or
-    preemptions), or None when they agree step for step."""
+    """The first step at which the two logs differ (start, requests scheduled with their tokens,
+    preemptions, or the prefix-cache hits of the requests admitted), or None when they agree step
+    for step."""
     for k, (a, b) in enumerate(zip(model_steps, native_steps)):
-        if a.start_ps != b.start_ps or a.scheduled != b.scheduled or a.preempted != b.preempted:
+        if a.start_ps != b.start_ps or a.scheduled != b.scheduled or a.preempted != b.preempted \
+                or a.hits != b.hits:
             return k
     return None if len(model_steps) == len(native_steps) else min(len(model_steps), len(native_steps))
 
@@ -618,6 +668,21 @@ def classify_step(k: int, model_steps, native_steps, window, policy_name: str,
         return "preemption_count", seen
     entered_m = [i for i in mo.scheduled if i not in mo.running]
     entered_n = [i for i in na.scheduled if i not in na.running]
+    if native.enable_prefix_caching:
+        both = [i for i in entered_n if i in set(entered_m)]
+        other = {i: (mo.hits.get(i, 0), na.hits.get(i, 0)) for i in both
+                 if mo.hits.get(i, 0) != na.hits.get(i, 0)}
+        if other:
+            return "cache_hit", f"hit tokens at admission (vllm_v1, vLLM): {other}"
+        if set(entered_m) != set(entered_n):
+            only_m = sorted(set(entered_m) - set(entered_n), key=mo.waiting.index)
+            only_n = sorted(set(entered_n) - set(entered_m), key=na.waiting.index)
+            hit_m = {i: mo.hits.get(i, 0) for i in only_m if mo.hits.get(i, 0)}
+            hit_n = {i: na.hits.get(i, 0) for i in only_n if na.hits.get(i, 0)}
+            if hit_m or hit_n:
+                return "cache_hit", (f"vllm_v1 admitted {only_m} (hits {hit_m}), vLLM {only_n} (hits "
+                                     f"{hit_n}); free blocks {na.free_blocks}, then {na.free_after}; "
+                                     f"queue head after vLLM's step {na.head}")
     if set(entered_m) != set(entered_n):
         only_m = sorted(set(entered_m) - set(entered_n), key=mo.waiting.index)
         only_n = sorted(set(entered_n) - set(entered_m), key=na.waiting.index)

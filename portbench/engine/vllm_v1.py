@@ -65,7 +65,6 @@ _TIMER_MARGIN_PS = 10 ** 6      # a clock timer fires up to a microsecond early 
 _MAX_STRETCH = 1 << 40          # no other bound on a stretch's length than its events
 _NO_DECISION = Decision()
 _NO_HOLD = np.zeros(0, dtype=np.int64)
-_NO_POOL = tuple(np.zeros(1, dtype=np.int64) for _ in range(12))   # the compiled loops' pool, cache off
 
 
 class _Repeat(NamedTuple):
@@ -188,7 +187,25 @@ INP, OUT, COMPUTED, TARGET, BLOCKS, DECODED, FIRST, FINISH = range(8)
 
 
 @numba.njit(cache=True)
-def _schedule_running(run, hold, held, st, sched, budget, free, bs, thr, pool, cached):
+def _no_pool():
+    """The block pool the cache-off loops pass on (never read)."""
+    return np.zeros(16, dtype=np.int64)      # an empty pool's header and sentinel
+
+
+@numba.njit(cache=True)
+def _schedule_running(run, hold, held, st, sched, budget, free, bs, thr):
+    """The running phase without a prefix cache (see :func:`_running_phase`)."""
+    return _running_phase(run, hold, held, st, sched, budget, free, bs, thr, blockpool.views(_no_pool()), False)
+
+
+@numba.njit(cache=True)
+def _schedule_running_cached(run, hold, held, st, sched, budget, free, bs, thr, pool):
+    """The running phase with the prefix cache's block pool (see :func:`_running_phase`)."""
+    return _running_phase(run, hold, held, st, sched, budget, free, bs, thr, blockpool.views(pool), True)
+
+
+@numba.njit(cache=True)
+def _running_phase(run, hold, held, st, sched, budget, free, bs, thr, pool, cached):
     """vLLM's running phase: each running request in order gets ``min(left, budget)`` tokens and the
     blocks for them; one that cannot get its blocks preempts from the end of ``run`` (recompute: its
     blocks are freed, its KV dropped, its target reset) until they fit or it has preempted itself,
@@ -260,7 +277,19 @@ def _schedule_running(run, hold, held, st, sched, budget, free, bs, thr, pool, c
 
 
 @numba.njit(cache=True)
-def _advance(sched, m, st, t_ps, finished, pool, cached):
+def _advance(sched, m, st, t_ps, finished):
+    """The end of a step without a prefix cache (see :func:`_step_end`)."""
+    return _step_end(sched, m, st, t_ps, finished, blockpool.views(_no_pool()), False)
+
+
+@numba.njit(cache=True)
+def _advance_cached(sched, m, st, t_ps, finished, pool):
+    """The end of a step with the prefix cache's block pool (see :func:`_step_end`)."""
+    return _step_end(sched, m, st, t_ps, finished, blockpool.views(pool), True)
+
+
+@numba.njit(cache=True)
+def _step_end(sched, m, st, t_ps, finished, pool, cached):
     """The end of a step: scheduled requests gain their tokens; a request whose target is reached
     emits a token (stamped ``t_ps``) and leaves when it was its last. Writes the leavers into
     ``finished``. Returns (leavers, blocks freed, KV tokens change, some request is mid-prefill)."""
@@ -314,7 +343,19 @@ def _stretch_bound(run, st, free, bs, k):
 
 
 @numba.njit(cache=True)
-def _decode_stretch(run, st, k, bs, t_ps, finished, pool, cached):
+def _decode_stretch(run, st, k, bs, t_ps, finished):
+    """``k`` pure-decode steps without a prefix cache (see :func:`_stretch`)."""
+    return _stretch(run, st, k, bs, t_ps, finished, blockpool.views(_no_pool()), False)
+
+
+@numba.njit(cache=True)
+def _decode_stretch_cached(run, st, k, bs, t_ps, finished, pool):
+    """``k`` pure-decode steps with the prefix cache's block pool (see :func:`_stretch`)."""
+    return _stretch(run, st, k, bs, t_ps, finished, blockpool.views(pool), True)
+
+
+@numba.njit(cache=True)
+def _stretch(run, st, k, bs, t_ps, finished, pool, cached):
     """``k`` pure-decode steps at once, the last ending at ``t_ps``: requests whose last token comes
     in the k-th leave (with ``cached``, after every request took its blocks, as in the k-th step).
     Returns (leavers, blocks taken net of those freed, KV tokens change)."""
@@ -357,7 +398,7 @@ class _V1Engine:
         self.predicted = window.predicted_output_tokens
         self.priority = np.ones(n) if priority is None else np.asarray(priority, dtype=np.float64)
         self.block_hashes = window.block_hashes
-        self.block_tokens = window.meta.get("block_tokens") if window.block_hashes is not None else None
+        self.block_tokens = int(window.meta["block_tokens"]) if window.block_hashes is not None else None
         self.arrival_ps = np.ceil(window.arrival_s * PS).astype(np.int64).tolist()   # as math.ceil(a * PS)
         self.inp = window.input_tokens.tolist()
         st = self.st = np.zeros((n, 8), dtype=np.int64)
@@ -371,8 +412,8 @@ class _V1Engine:
         # vLLM's block pool with its prefix cache (None: blocks are only counted)
         self._pool = (blockpool.BlockPool(window, self.free_blocks, model.block_size)
                       if model.enable_prefix_caching else None)
-        self._P = _NO_POOL if self._pool is None else self._pool.arrays
-        self._cached = self._pool is not None
+        self._P = None if self._pool is None else self._pool.array
+        self.prefix_queried = self.prefix_hits = 0     # tokens looked up and hit, over admissions
         self.waiting: list[int] = []
         self.queue_log: list[int] = []  # the queue's changes: i joined, ~i left (see EngineView)
         self.is_waiting = [False] * n
@@ -434,7 +475,7 @@ class _V1Engine:
         if self._pool is None:
             self.free_blocks += int(st[i, BLOCKS])
         else:
-            self.free_blocks += blockpool.release(self._P, st, i)
+            self.free_blocks += blockpool.release_blocks(self._P, st, i)
         st[i, BLOCKS] = st[i, COMPUTED] = 0
         st[i, TARGET] = st[i, INP] + st[i, DECODED]
         self._requeue(i)
@@ -475,7 +516,7 @@ class _V1Engine:
         the chunk, or under ``reserve_full_isl`` of the whole sequence, less the hit blocks, plus the
         hit blocks taken out of the free queue, must be free."""
         bs = self.model.block_size
-        h, evictable = self._pool.hit(self.st, i)
+        h, evictable = self._pool.hit(self.st, i) if self._may_hit(i) else (0, 0)
         hit = h * bs
         n_new = self._first_chunk(target - hit, budget, thr)
         new_blocks = -(-(hit + n_new) // bs) - h
@@ -488,13 +529,12 @@ class _V1Engine:
 
     def _take_blocks(self, i: int, hit: int, n_new: int) -> None:
         """Admit request ``i``'s blocks: its hit ones shared, new ones for its chunk, full ones cached."""
-        st, P, bs = self.st, self._P, self.model.block_size
-        h = hit // bs
-        blockpool.touch(P, st, i, h)
-        blockpool.allocate(P, st, i, -(-(hit + n_new) // bs) - h)
-        blockpool.cache_full(P, st, i, hit + n_new, bs)
+        st, bs = self.st, self.model.block_size
+        blockpool.admit(self._P, st, i, hit // bs, -(-(hit + n_new) // bs) - hit // bs, hit + n_new, bs)
         st[i, COMPUTED] = hit
         self._kv += hit
+        self.prefix_queried += int(st[i, TARGET])
+        self.prefix_hits += hit
 
     def _arrival_blocks(self, i: int, budget: int) -> int:
         """The free blocks request ``i``, not arrived yet, would need to be admitted (with prefix
@@ -515,8 +555,18 @@ class _V1Engine:
             heapq.heappop(heap)                   # a row of a request that has left the queue
         if self._admission_blocks(heap[0][0], budget, self._threshold()) <= free_blocks:
             return False                          # one fits without a hit (a hit only lowers it)
-        return self._pool is None or self._pool.fewest_blocks(
-            self.st, self.waiting, budget, self._threshold(), self.model.reserve_full_isl) > free_blocks
+        if self._pool is None:
+            return True
+        hitting = self.waiting if self.block_hashes is not None else [
+            i for i in self.waiting if self.admit_ps[i] >= 0]
+        return not hitting or self._pool.fewest_blocks(
+            self.st, hitting, budget, self._threshold(), self.model.reserve_full_isl) > free_blocks
+
+    def _may_hit(self, i: int) -> bool:
+        """Request ``i`` may find blocks of its own in the cache: the window's prompts share prefixes,
+        or it ran before (a window without block hashes shares nothing, so a request's blocks can be
+        cached only if it once held them)."""
+        return self.block_hashes is not None or self.admit_ps[i] >= 0
 
     def run(self, event_skipping: bool = True) -> None:
         n, m = self.n, self.model
@@ -553,7 +603,17 @@ class _V1Engine:
                              wake_after_steps=steady.until_step - self.step)
             else:
                 steady = None
-                d = None if lazy else check_decision(self.policy, self.policy.schedule(view.refresh()))
+                if not lazy:
+                    d = check_decision(self.policy, self.policy.schedule(view.refresh()))
+                elif self._pool is None:
+                    d = None        # asked in the step, once the running requests left room
+                else:
+                    # The running phase evicts cached blocks, and the view shows the cache: ask
+                    # first, as the step starts, unless nothing could be admitted with the whole
+                    # budget (the running phase only takes budget and blocks)
+                    d = _NO_DECISION if self._admission_impossible(m.max_num_batched_tokens,
+                                                                   self.free_blocks) else \
+                        check_decision(self.policy, self.policy.schedule(view.refresh()))
                 if event_skipping and d is not None and d.steady:
                     steady = _Repeat(d, self.step + d.wake_after_steps,
                                      math.ceil(d.wake_at_s * PS) - _TIMER_MARGIN_PS
@@ -593,7 +653,9 @@ class _V1Engine:
         thr = self._threshold()
         k, n_left, n_sched, budget, free, prefill, decodes, context, dropped = \
             _schedule_running(run, self._hold_array(hold), self._held, st, self._sched,
-                              m.max_num_batched_tokens, self.free_blocks, bs, thr, self._P, self._cached)
+                              m.max_num_batched_tokens, self.free_blocks, bs, thr) if self._P is None else \
+            _schedule_running_cached(run, self._hold_array(hold), self._held, st, self._sched,
+                                     m.max_num_batched_tokens, self.free_blocks, bs, thr, self._P)
         if k < 0:
             bad = next(i for i in sorted(hold) if not 0 <= i < self.n)
             raise PolicyContractError(f"policy {self.policy.name!r} held request {bad} at step "
@@ -696,8 +758,8 @@ class _V1Engine:
         else:
             self.t_ps += self._step_ps(self.step, self.t_ps, prefill, decodes, context, n_sched)
         self.step += 1
-        n_fin, freed, kv, mid_prefill = _advance(self._sched, n_sched, st, self.t_ps, self._finished,
-                                                 self._P, self._cached)
+        n_fin, freed, kv, mid_prefill = _advance(self._sched, n_sched, st, self.t_ps, self._finished) \
+            if self._P is None else _advance_cached(self._sched, n_sched, st, self.t_ps, self._finished, self._P)
         self._kv += kv
         self.free_blocks += freed
         if n_fin:
@@ -833,9 +895,9 @@ class _V1Engine:
         self.prev_kv_used = C0 + D * (k - 1)     # each of the k steps computes one token per decoder
         self.t_ps += self._span_ps(k, D, C0)
         self.step += k
-        n_fin, taken, kv = _decode_stretch(np.array(self.running, dtype=np.int64), self.st, k,
-                                           self.model.block_size, self.t_ps, self._finished,
-                                           self._P, self._cached)
+        run, bs = np.array(self.running, dtype=np.int64), self.model.block_size
+        n_fin, taken, kv = _decode_stretch(run, self.st, k, bs, self.t_ps, self._finished) \
+            if self._P is None else _decode_stretch_cached(run, self.st, k, bs, self.t_ps, self._finished, self._P)
         self.free_blocks -= taken
         self._kv += kv
         if n_fin:
@@ -853,4 +915,5 @@ class _V1Engine:
                          window.deadline_s, window.input_tokens, window.output_tokens, self.priority,
                          admit_s=stamp(self.admit_ps), first_token_s=stamp(self.st[:, FIRST]),
                          finish_s=stamp(self.st[:, FINISH]), duration_s=self.last_step_start_ps / PS,
-                         n_steps=self.step, n_preemptions=self.n_preemptions)
+                         n_steps=self.step, n_preemptions=self.n_preemptions,
+                         prefix_queried_tokens=self.prefix_queried, prefix_hit_tokens=self.prefix_hits)

@@ -21,7 +21,10 @@ gives it, with the same names and units:
 - the run's state: ``running`` and ``waiting`` (request indices, in vLLM's order), ``n_active``,
   ``decoded`` (tokens produced so far), ``step``, ``kv_used`` (blocks in use × block size) and
   ``model`` (the engine's limits: ``max_num_batched_tokens``, ``max_active_sequences``,
-  ``max_kv_tokens``, ``block_size``). ``refused`` is always empty: vLLM does not report it.
+  ``max_kv_tokens``, ``block_size``). ``refused`` is always empty: vLLM does not report it;
+- ``cached_prefix(ids)``: the tokens a prefix-cache hit would skip for each request if it were
+  admitted now, from vLLM's own cache lookup (read only; 0 with prefix caching off, and for a
+  request vLLM does not hold: not arrived yet, or finished).
 
 Ties go to the engine's queue order, which the scheduler keeps apart from the policy's (re-sorting
 the deque would otherwise make the last step's order the tie-break): arrival order, with a
@@ -73,7 +76,8 @@ class KeyView:
 
     __slots__ = ("arrival_s", "deadline_s", "input_tokens", "predicted_output_tokens", "priority",
                  "n_requests", "model", "now", "step", "running", "waiting", "decoded", "kv_used",
-                 "refused", "prev_step_start_s", "prev_kv_used")
+                 "refused", "prev_step_start_s", "prev_kv_used", "block_hashes", "block_tokens",
+                 "_hit_of")
 
     def __init__(self, window, model, priority=None):
         for name in FIELDS:
@@ -85,10 +89,25 @@ class KeyView:
         self.step = self.kv_used = self.prev_kv_used = 0
         self.running, self.waiting, self.refused = (), (), ()
         self.decoded = np.zeros(n, dtype=np.int64)
+        hashes = getattr(window, "block_hashes", None)      # fixed data, as EngineView's
+        self.block_hashes = hashes
+        self.block_tokens = int(window.meta["block_tokens"]) if hashes is not None else None
+        self._hit_of: Callable[[int], int] = lambda i: 0
 
     @property
     def n_active(self) -> int:
         return len(self.running)
+
+    def cached_prefix(self, ids) -> np.ndarray:
+        """For each of ``ids`` (request indices), the tokens a prefix-cache hit would skip if it were
+        admitted now (an int64 array): the leading whole KV blocks of its sequence so far (prompt, or
+        prompt + output after a preemption) that vLLM's cache holds, at most ``(tokens - 1) //
+        block_size`` blocks, times the block size -- vLLM's own lookup, read without touching the
+        cache. 0 with prefix caching off, and for a request the engine does not hold (not arrived
+        yet, or gone)."""
+        hit = self._hit_of
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        return np.fromiter((hit(int(i)) for i in ids), np.int64, len(ids))
 
     def decoded_of(self, ids) -> list:
         return [int(self.decoded[i]) for i in ids]
@@ -123,6 +142,7 @@ class KeyPolicyScheduler(Scheduler):
         self._clock: Callable[[], float] = time.time
         self._index: dict[str, int] = {}        # vLLM's request id -> the window's request index
         self._seq: dict[str, int] = {}          # ... -> its place in the engine's queue order
+        self._request_of: dict[int, object] = {}    # the window's index -> vLLM's request
         self._counter = itertools.count()
         self.stats = {"calls": 0, "reordered_steps": 0, "undescribed": 0}
 
@@ -145,6 +165,9 @@ class KeyPolicyScheduler(Scheduler):
         self._view = KeyView(window, model, priority)
         self._policy, self._index_of, self._clock = policy, index_of, clock
         self._index, self._seq = {}, {}
+        self._request_of = {}
+        if self.kv_cache_manager.enable_caching:
+            self._view._hit_of = self._hit_of
         self.stats = {"calls": 0, "reordered_steps": 0, "undescribed": 0}
         self._view.now = float(clock())
         policy.reset(self._view)
@@ -159,7 +182,26 @@ class KeyPolicyScheduler(Scheduler):
                     self.stats["undescribed"] += 1
             else:
                 self._index[rid] = k
+                self._request_of[k] = request
         super().add_request(request)
+
+    def cached_prefix_of(self, request) -> int:
+        """The tokens a prefix-cache hit would skip if ``request`` (vLLM's) were admitted now: vLLM's
+        own lookup (``find_longest_cache_hit`` over its block hashes, at most all tokens but the
+        last, as ``get_computed_blocks`` asks), without its side effects: no block is touched or
+        taken out of the free queue, and no statistics are recorded. 0 with caching off."""
+        kvm = self.kv_cache_manager
+        if not kvm.prefix_cache_lookup_enabled(request):
+            return 0
+        _, tokens, _ = kvm.coordinator.find_longest_cache_hit(request.block_hashes,
+                                                              request.num_tokens - 1)
+        return int(tokens)
+
+    def _hit_of(self, index: int) -> int:
+        request = self._request_of.get(index)
+        if request is None or self.requests.get(request.request_id) is not request:
+            return 0                                        # not arrived yet, or gone
+        return self.cached_prefix_of(request)
 
     def _preempt_request(self, request, timestamp, *args, **kwargs) -> None:
         super()._preempt_request(request, timestamp, *args, **kwargs)
@@ -207,5 +249,7 @@ class KeyPolicyScheduler(Scheduler):
             self.stats["reordered_steps"] += 1
         for rid in [r for r in self._seq if r not in self.requests]:
             self._seq.pop(rid)
-            self._index.pop(rid, None)                      # finished or aborted
+            k = self._index.pop(rid, None)                  # finished or aborted
+            if k is not None and getattr(self._request_of.get(k), "request_id", None) == rid:
+                del self._request_of[k]
         return super().schedule(*args, **kwargs)

@@ -132,17 +132,22 @@ def _compare(va: np.ndarray, vb: np.ndarray, policies: tuple, higher_is_better: 
 
 def cross_source_tau(table: pd.DataFrame, metric: str, region: str, source_a: str, source_b: str, *,
                      n_resamples: int = 2000, seed=0, confidence_level: float = 0.95,
-                     policies=None, slo_multiplier=BASE_SLO) -> TauComparison:
+                     policies=None, slo_multiplier=BASE_SLO, paired: bool = False) -> TauComparison:
     """Kendall τ_b between two sources' policy means in one region, bootstrapped over windows.
 
     Windows are resampled independently within each source (the original's scheme); a resample
     where one side is constant (τ undefined) is skipped. Policies are those defined on both sides.
+    ``paired``: the two "sources" are the same windows under two conditions (labelled as sources,
+    e.g. an engine setting off and on), resampled together.
     """
     sub = _select(table, region=region, slo_multiplier=slo_multiplier)
     pols = _policies(sub, policies)
-    va = _window_matrix(sub[sub["source"] == source_a], metric, pols).to_numpy()
-    vb = _window_matrix(sub[sub["source"] == source_b], metric, pols).to_numpy()
-    return _compare(va, vb, pols, METRICS.get(metric, True), paired=False,
+    va = _window_matrix(sub[sub["source"] == source_a], metric, pols)
+    vb = _window_matrix(sub[sub["source"] == source_b], metric, pols)
+    if paired and not va.index.equals(vb.index):
+        raise ValueError(f"a paired comparison needs the same windows under {source_a!r} and "
+                         f"{source_b!r}")
+    return _compare(va.to_numpy(), vb.to_numpy(), pols, METRICS.get(metric, True), paired=paired,
                     n_resamples=n_resamples, rng=_rng(seed), confidence_level=confidence_level)
 
 

@@ -1,0 +1,286 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # RQ9 — Do rankings port when the engine caches prefixes?
+#
+# **Question.** The study ran its real engine with prefix caching off, and its three traces carry no
+# prompt contents. Production engines cache prompt prefixes by default (vLLM v1's automatic prefix
+# caching), and their newest schedulers order the queue by what is cached (SGLang's `lpm` and
+# `dfs-weight`). Does a scheduler ranking survive the cache, and does a prefix-heavy, long-prompt
+# workload rank the schedulers as the study's three sources do? **Method.** A fourth source,
+# Mooncake's conversation trace (40 windows of 200 requests, each request with its chained 512-token
+# prefix hashes), runs under the `vllm_v1` engine model with vLLM's prefix cache off and on, and on
+# at three KV capacities; the panel is the study's 13 policies, vLLM's priority scheduling and three
+# cache-aware key policies (`lpm`, SGLang's longest prefix match with its FCFS fallback above 128
+# waiting requests; `dfs_weight`, SGLang's heaviest-subtree-first walk of the cached prefixes;
+# `cache_aware_sjf`, shortest job first on uncached prompt plus predicted output). Each
+# configuration is calibrated at its own knee, as the study calibrates each engine. Rankings are
+# compared with the study's statistics: $\tau_b$ of the policies' mean ANWG (paired over windows
+# for cache off against on) and the RQ2 reversal classifier.
+
+# %% tags=["parameters"]
+n_resamples = 2000         # bootstrap resamples
+seed = 0                   # seed of every bootstrap
+output_dir = "book/figures"  # where figures are written
+metric = "anwg"            # metric that ranks the policies
+capacity = 131072          # KV capacity (tokens) of the cache-on configuration compared with cache off
+focus_region = "OVERLOAD"  # region of the hit-rate figure
+
+# %%
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from myst_nb import glue
+
+from portbench import present, results, rq9
+from portbench.book import source_label
+from portbench.campaign import load_results
+from portbench.chapters import check_metric, check_region
+from portbench.chapters import rq9 as reading
+from portbench.regions import REGIONS
+from portbench.store import SOURCES_OF_THE_STUDY
+
+check_metric(metric)
+check_region(focus_region)
+if capacity not in rq9.CAPACITIES:
+    raise ValueError(f"capacity={capacity!r}: the campaigns have {', '.join(map(str, rq9.CAPACITIES))}")
+off = rq9.load("off")
+on_by_capacity = {kv: rq9.load(f"on_{kv}") for kv in rq9.CAPACITIES}
+on = on_by_capacity[capacity]
+regions = [r for r in REGIONS if r in set(off["region"])]
+PANEL = [p for p in rq9.PANEL if p in set(off["policy"])]
+glue("rq9_n_windows", off["window_id"].nunique(), display=False)
+glue("rq9_n_policies", len(PANEL), display=False)
+glue("rq9_capacity", reading.capacity_label(capacity), display=False)
+glue("rq9_capacities", present.join([reading.capacity_label(kv) for kv in rq9.CAPACITIES]), display=False)
+
+# %% [markdown]
+# ## How much the cache can serve
+#
+# Within a window, a prompt block can hit only if an earlier request of the same window has the same
+# prefix up to it (the windows are 200 consecutive requests, about a minute of the trace). The hit
+# rate is the share of the tokens looked up at admission that the cache served, pooled over windows.
+
+# %%
+lam_off = pd.read_csv(results.lambda_ref_path(f"{rq9.ENGINE}_{rq9.TAGS['off']}")).set_index("window_id")["lambda_ref"]
+knee = pd.DataFrame({reading.capacity_label(kv): pd.read_csv(results.lambda_ref_path(
+    f"{rq9.ENGINE}_{rq9.TAGS[f'on_{kv}']}")).set_index("window_id")["lambda_ref"] / lam_off
+    for kv in rq9.CAPACITIES})
+pooled = pd.DataFrame({reading.capacity_label(kv): t.groupby("region")["prefix_hit_tokens"].sum()
+                       / t.groupby("region")["prefix_queried_tokens"].sum()
+                       for kv, t in on_by_capacity.items()}).reindex(regions)
+glue("rq9_hit_rate", present.pct(pooled.loc[focus_region, reading.capacity_label(capacity)], 1), display=False)
+glue("rq9_knee_gain", present.pct(knee[reading.capacity_label(capacity)].median() - 1, 1), display=False)
+present.table(pooled.rename_axis("region (hit rate, all policies)"), digits=3)
+
+# %% [markdown]
+# With the cache on at {glue:text}`rq9_capacity`, the engine serves {glue:text}`rq9_hit_rate` of the
+# looked-up tokens from the cache at {glue:text}`rq9_focus_region:s`, and the knee (λ_ref) moves by
+# {glue:text}`rq9_knee_gain` at the median window: the cache makes the engine only somewhat faster on
+# this source.
+
+# %%
+glue("rq9_focus_region", focus_region, display=False)
+
+# %% [markdown]
+# ## Rankings with the cache on against off
+
+# %%
+cmp = reading.on_vs_off(off, on, metric, policies=PANEL, regions=regions, n_resamples=n_resamples, seed=seed)
+tau_median = float(cmp["tau_b"].median())
+glue("rq9_tau_cache_on_vs_off", tau_median, display=False)
+glue("rq9_tau_min", present.num(cmp["tau_b"].min(), 2), display=False)
+glue("rq9_tau_min_region", cmp.loc[cmp["tau_b"].idxmin(), "region"], display=False)
+glue("rq9_supported", int(cmp["supported"].sum()), display=False)
+glue("rq9_reversals", int(cmp["reversals"].sum()), display=False)
+glue("rq9_best_changed", present.count(int((cmp["best_off"] != cmp["best_on"]).sum()), "region"), display=False)
+
+fig, ax = plt.subplots(figsize=(7.5, 3.6))
+x = np.arange(len(cmp))
+ax.errorbar(x, cmp["tau_b"], yerr=[cmp["tau_b"] - cmp["bca_low"], cmp["bca_high"] - cmp["tau_b"]],
+            fmt="o", capsize=4, color="tab:blue", label="τ_b (95% BCa, windows resampled paired)")
+for xi, (_, row) in zip(x, cmp.iterrows()):
+    ax.annotate(f"{row['supported']} supported\n{row['reversals']} reversed", (xi, row["bca_low"]),
+                textcoords="offset points", xytext=(0, -26), ha="center", fontsize=7)
+ax.set_xticks(x, cmp["region"], rotation=20, fontsize=8)
+ax.set_ylim(min(-0.05, cmp["bca_low"].min() - 0.35), 1.05)
+ax.axhline(1, color="grey", lw=0.6)
+ax.set_ylabel(f"τ_b, cache off vs on ({present.label(metric)})")
+ax.set_title(f"{len(PANEL)} policies, {source_label(rq9.SOURCE)}, vllm_v1, cache at {reading.capacity_label(capacity)}",
+             fontsize=9)
+ax.legend(fontsize=8, loc="lower left")
+fig.tight_layout()
+present.figure("rq9_on_vs_off", fig, output_dir, "rq9_on_vs_off.png")
+
+# %% [markdown]
+# :::{glue:figure} rq9_on_vs_off
+# :name: fig-rq9-on-vs-off
+# :alt: Kendall tau-b between the policy rankings with the prefix cache off and on, one point per operating region, with confidence intervals and the count of reversed policy pairs under each.
+#
+# **Does the ranking survive the cache?** Kendall $\tau_b$ between the policies' mean ANWG with the
+# cache off and on, per region, over the same {glue:text}`rq9_n_windows:d` windows (95% BCa interval,
+# windows resampled paired). Under each point: the policy pairs that reverse, and those whose
+# reversal the RQ2 classifier supports (a practical margin in both configurations and a bootstrap
+# interval that excludes zero in both).
+# :::
+#
+# The median $\tau_b$ over the regions is {glue:text}`rq9_tau_cache_on_vs_off:.2f` (lowest
+# {glue:text}`rq9_tau_min:s`, at {glue:text}`rq9_tau_min_region:s`); {glue:text}`rq9_reversals:d`
+# policy pairs reverse in some region, {glue:text}`rq9_supported:d` of them supported; the best
+# policy changes in {glue:text}`rq9_best_changed:s`.
+
+# %%
+present.table(cmp.rename(columns={"bca_low": "τ_b low", "bca_high": "τ_b high", "best_off": "best, off",
+                                  "best_on": "best, on"}).set_index("region"), digits=3)
+
+# %% [markdown]
+# ## The cache-aware policies' advantage, by capacity and load
+#
+# Each cache-aware policy's mean ANWG less FIFO's (vLLM's default order), over the same windows with
+# the cache on, at each KV capacity and region (95% percentile interval, windows resampled).
+
+# %%
+adv = reading.advantage(on_by_capacity, metric, regions=regions, n_resamples=n_resamples, seed=seed)
+best = reading.best_cache_aware(adv, metric)
+glue("rq9_best_cache_aware_policy", best, display=False)
+top = adv[adv["policy"] == best]
+peak = top.loc[top["difference"].abs().idxmax()]
+glue("rq9_best_peak", present.signed(peak["difference"], 3), display=False)
+glue("rq9_best_peak_where", f"{peak['region']}, {reading.capacity_label(int(peak['capacity']))}", display=False)
+
+fig, axes = plt.subplots(1, len(rq9.CACHE_AWARE), figsize=(4.2 * len(rq9.CACHE_AWARE), 3.5), sharey=True)
+for ax, policy in zip(np.atleast_1d(axes), rq9.CACHE_AWARE):
+    for k, kv in enumerate(rq9.CAPACITIES):
+        d = adv[(adv["policy"] == policy) & (adv["capacity"] == kv)].set_index("region").reindex(regions)
+        xs = np.arange(len(regions)) + (k - 1) * 0.12
+        ax.errorbar(xs, d["difference"], yerr=[d["difference"] - d["ci_low"], d["ci_high"] - d["difference"]],
+                    fmt="o-", ms=4, lw=1, capsize=3, label=reading.capacity_label(kv))
+    ax.axhline(0, color="grey", lw=0.6)
+    ax.set_xticks(range(len(regions)), regions, rotation=30, fontsize=7)
+    ax.set_title(policy, fontsize=9)
+np.atleast_1d(axes)[0].set_ylabel(f"{present.label(metric)} − FIFO's")
+np.atleast_1d(axes)[0].legend(fontsize=7, title="KV capacity", title_fontsize=7)
+fig.tight_layout()
+present.figure("rq9_advantage", fig, output_dir, "rq9_advantage.png")
+
+# %% [markdown]
+# :::{glue:figure} rq9_advantage
+# :name: fig-rq9-advantage
+# :figclass: pb-wide
+# :alt: Three panels, one per cache-aware policy, each the policy's mean ANWG less FIFO's per operating region, one line per KV capacity, with confidence intervals.
+#
+# **What ordering by the cache buys.** Each panel is a cache-aware policy; each line a KV capacity
+# ({glue:text}`rq9_capacities:s`); a point is its mean ANWG less FIFO's over the windows in a region.
+# :::
+#
+# Over every capacity and region, {glue:text}`rq9_best_cache_aware_policy:s` does best of the three
+# (its largest difference from FIFO is {glue:text}`rq9_best_peak:s`, at {glue:text}`rq9_best_peak_where:s`).
+
+# %% [markdown]
+# ## Hit rate beside rank
+#
+# A policy's hit rate is what its order lets the cache serve; beside its ANWG it shows whether a
+# policy ranks where it does because of the cache.
+
+# %%
+hits = reading.hit_rates(on, metric, policies=PANEL)
+hits_focus = hits[hits["region"] == focus_region].set_index("policy").sort_values(metric, ascending=False)
+fig, ax = plt.subplots(figsize=(6.5, 4.2))
+ax.scatter(hits_focus["hit_rate"], hits_focus[metric], s=18)
+for p, row in hits_focus.iterrows():
+    ax.annotate(p, (row["hit_rate"], row[metric]), fontsize=6, xytext=(3, 2), textcoords="offset points",
+                color="tab:red" if p in rq9.CACHE_AWARE else "black")
+ax.set_xlabel("hit rate (tokens served by the cache / tokens looked up)")
+ax.set_ylabel(f"mean {present.label(metric)}")
+ax.set_title(f"{focus_region}, cache at {reading.capacity_label(capacity)}", fontsize=9)
+fig.tight_layout()
+present.figure("rq9_hits", fig, output_dir, "rq9_hits.png")
+corr = float(hits_focus[["hit_rate", metric]].corr(method="kendall").iloc[0, 1])
+glue("rq9_hit_rank_tau", present.num(corr, 2), display=False)
+
+# %% [markdown]
+# :::{glue:figure} rq9_hits
+# :name: fig-rq9-hits
+# :alt: Scatter plot of each policy's cache hit rate against its mean ANWG in one operating region, the cache-aware policies labelled in red.
+#
+# **Hit rate and ANWG** per policy at {glue:text}`rq9_focus_region:s` (the cache-aware policies in
+# red). Kendall's $\tau$ between the two over the panel: {glue:text}`rq9_hit_rank_tau:s`.
+# :::
+
+# %%
+present.table(hits_focus.rename_axis("policy"), digits=3)
+
+# %% [markdown]
+# ## Against the study's sources
+#
+# Does this prefix-heavy, long-prompt source rank the schedulers as the study's three do? $\tau_b$
+# between its ranking (cache off, and on) and each study source's under the same engine model
+# (`vllm_v1`, base SLO), on the policies both campaigns ran; the RQ1 comparison, with one more source.
+
+# %%
+study = load_results(rq9.ENGINE)
+study = study[study["slo_multiplier"] == float(off["slo_multiplier"].iloc[0])]
+common = [p for p in PANEL if p in set(study["policy"])]
+vs = reading.versus_study({reading.OFF: off, reading.ON: on}, study, metric, policies=common,
+                          regions=regions, study_sources=SOURCES_OF_THE_STUDY,
+                          n_resamples=n_resamples, seed=seed)
+grid = vs.pivot_table(index=["configuration", "source"], columns="region", values="tau_b")[regions]
+glue("rq9_vs_study_median_off", present.num(vs[vs["configuration"] == reading.OFF]["tau_b"].median(), 2),
+     display=False)
+glue("rq9_vs_study_median_on", present.num(vs[vs["configuration"] == reading.ON]["tau_b"].median(), 2),
+     display=False)
+glue("rq9_vs_study_supported", int(vs["supported"].sum()), display=False)
+present.table(grid.rename(index=lambda s: source_label(s) if s in SOURCES_OF_THE_STUDY else s), digits=2)
+
+# %% [markdown]
+# Median $\tau_b$ against the study's sources: {glue:text}`rq9_vs_study_median_off:s` with the cache
+# off, {glue:text}`rq9_vs_study_median_on:s` with it on; {glue:text}`rq9_vs_study_supported:d`
+# supported reversals in all.
+
+# %% [markdown]
+# ## The model against vLLM's own scheduler, with the cache on
+#
+# The prefix cache of the `vllm_v1` engine model follows vLLM 0.32's rules (block pool, hits,
+# references, eviction). vLLM's own scheduler and KV-cache manager, stepped in virtual time on the
+# same windows with token ids generated from the trace's hashes (the `vllm_native` engine model),
+# is the reference: `benchmarks/native_vs_model.py --configs campaign_cache --source mooncake_conversation --save`.
+
+# %%
+native_path = results.native_prefix_check_path()
+native = pd.read_csv(native_path) if native_path.exists() else None
+if native is not None and len(native):
+    share = float(native["identical"].mean())
+    glue("rq9_native_identical_runs_share", share, display=False)
+    glue("rq9_native_runs", len(native), display=False)
+    classes = native.loc[~native["identical"], "class"].value_counts()
+    glue("rq9_native_classes", present.join([f"{c} ({n})" for c, n in classes.items()]) if len(classes)
+         else "none", display=False)
+else:
+    glue("rq9_native_identical_runs_share", float("nan"), display=False)
+    glue("rq9_native_runs", 0, display=False)
+    glue("rq9_native_classes", "not run (no vLLM environment)", display=False)
+
+# %% [markdown]
+# Of {glue:text}`rq9_native_runs:d` runs, {glue:text}`rq9_native_identical_runs_share:.1%` are
+# identical to the picosecond on both schedulers; the first differing step of the others is classed:
+# {glue:text}`rq9_native_classes:s`.
+#
+# ## Limits
+#
+# - **One CPU host, a model.** The rankings are the `vllm_v1` engine model's, with its step cost;
+#   the cache's speed-up is what the model charges (hit tokens cost no prefill, but their context is
+#   read). No real-engine replay with the cache on is in this chapter.
+# - **512-token hashes.** The trace says which 512-token blocks two prompts share, not which tokens:
+#   prompts are synthetic token ids that share exactly those blocks, so the sharing inside a 512-token
+#   block that differs (a common start of a new turn) is not seen, and hits are a lower bound.
+# - **Windows of 200 requests.** A prefix is shared only within a window (about a minute of trace),
+#   so the hit rates are a window's, not the trace hour's.
+# - **A single instance.** No routing: llm-d's prefix-aware routing across replicas is out of scope.
