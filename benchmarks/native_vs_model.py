@@ -103,8 +103,8 @@ def models(config: str):
 LAMBDA_REF_TABLE = ROOT / "data" / "results" / "lambda_ref_vllm_v1.csv"
 
 
-def lambda_refs() -> pd.Series:
-    return pd.read_csv(LAMBDA_REF_TABLE).set_index("window_id")["lambda_ref"]
+def lambda_refs(path: Path = LAMBDA_REF_TABLE) -> pd.Series:
+    return pd.read_csv(path).set_index("window_id")["lambda_ref"]
 
 
 def pick_windows(per_source: int | None, sources=None):
@@ -185,11 +185,16 @@ def main(argv=None) -> int:
                     help="search each window's λ_ref on each configuration's vllm_v1 model "
                          "(regions.find_lambda_ref), not read it from lambda_ref_vllm_v1.csv; needed "
                          "for a source the table lacks")
+    ap.add_argument("--lambda-ref-table", type=Path, default=LAMBDA_REF_TABLE,
+                    help="λ_ref per window (CSV with window_id, lambda_ref), e.g. an RQ9 campaign's "
+                         "data/results/lambda_ref_vllm_v1_rq9_cache_on_kv131072.csv")
     ap.add_argument("--regions", nargs="+", default=list(REGIONS), choices=list(REGIONS))
     ap.add_argument("--no-lssp", action="store_true", help="do not time the lssp model")
     ap.add_argument("--out", type=Path, help="write one row per run (CSV)")
     ap.add_argument("--save", action="store_true",
-                    help="write the rows where the fidelity chapter reads them (data/results/native_vs_model.csv)")
+                    help="write the rows where the book reads them: data/results/native_vs_model.csv "
+                         "(the fidelity chapter), or native_vs_model_prefix.csv for the prefix-hashed "
+                         "source (RQ9)")
     args = ap.parse_args(argv)
 
     nat.require_vllm()
@@ -203,12 +208,12 @@ def main(argv=None) -> int:
         print(f"λ_ref calibration on vllm_v1 ({len(windows)} windows):")
         lams = {config: calibrated_lambda_refs(windows, config) for config in args.configs}
     else:
-        table = lambda_refs()
+        table = lambda_refs(args.lambda_ref_table)
         lacking = [w.window_id for w in windows if w.window_id not in table.index]
         if lacking:
             raise SystemExit(f"no λ_ref for {len(lacking)} window(s) ({lacking[0]}, ...) in "
-                             f"{LAMBDA_REF_TABLE.relative_to(ROOT)}: run with "
-                             f"--lambda-ref-from-calibration")
+                             f"{args.lambda_ref_table}: name a table that has them "
+                             f"(--lambda-ref-table) or run with --lambda-ref-from-calibration")
         lams = {config: table for config in args.configs}
     # vLLM's import and each configuration's build happen once, outside the timed runs
     for config in args.configs:
@@ -274,7 +279,10 @@ def main(argv=None) -> int:
                 print(f"      e.g. {wid} {region}, step {step}: {detail}")
             speeds = "  ".join(f"{name} {n_req / s:,.0f} req/s" for name, s in wall.items())
             print(f"  speed ({n_req:,} simulated requests): {speeds}")
-    out = results.native_check_path() if args.save else args.out
+    prefix_source = args.source is not None and list(args.source) == [store.PREFIX_HASHED_SOURCE]
+    out = args.out
+    if args.save:
+        out = results.native_prefix_check_path() if prefix_source else results.native_check_path()
     if out:
         frame = pd.DataFrame(rows)
         store.atomic_write(Path(out), lambda p: frame.to_csv(p, index=False))

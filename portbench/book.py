@@ -34,7 +34,7 @@ FIGURES_DIR = BOOK_DIR / "figures"
 #: Notebooks in book order (file stem).
 NOTEBOOKS = ("workload", "rq1_cross_source", "rq2_reversals", "rq3_cross_metric", "rq4_regions_slo",
              "rq5_sample_complexity", "rq6_real_engine", "fidelity", "rq7_engine_schedulers", "rq8_open_questions",
-             "comparison",
+             "rq9_prefix_cache", "comparison",
              "add_your_scheduler")
 
 #: Parameters every notebook accepts, with the book's defaults.
@@ -245,6 +245,7 @@ CHECKS = {
     "engine_model": _check_engine,
     "calibrated_engine_model": _check_engine,
     "posthoc_region": _check_region,
+    "focus_region": _check_region,
     "panel": _check_panel,
     "case_sources": _check_source_pair,
     "control_sources": _check_source_pair,

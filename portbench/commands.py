@@ -76,6 +76,25 @@ def _rq8_campaign(args) -> int:
     return 0
 
 
+def _rq9_campaign(args) -> int:
+    from . import rq9
+    from .campaign import results_are_current, run_campaign
+
+    unknown = sorted(set(args.configurations or ()) - set(rq9.TAGS))
+    if unknown:
+        raise SystemExit(f"unknown RQ9 configuration(s) {', '.join(unknown)}; known: {', '.join(rq9.TAGS)}")
+    ids = rq9.source_window_ids(args.windows, args.data_dir)
+    for name, config in rq9.configs(ids, args.data_dir).items():
+        if name not in (args.configurations or rq9.TAGS):
+            continue
+        if not args.force and results_are_current(config, args.data_dir):
+            print(f"RQ9 results ({name}) are up to date: nothing to do (--force recomputes)")
+            continue
+        print(run_campaign(config, data_dir=args.data_dir, executor=args.executor, workers=args.workers,
+                           address=args.address, progress=not args.quiet).line())
+    return 0
+
+
 #: The prediction-error levels of RQ7's sweep besides the study's 0.2.
 RQ7_PREDICTION_ERRORS = (0.0, 0.5, 1.0)
 
@@ -134,11 +153,12 @@ def _policies(args) -> int:
     import sys
 
     from .policies import PRIMARY_PANEL, ROBUSTNESS_PANEL, RQ7_POLICIES, available, make_policy
+    from .rq9 import CACHE_AWARE
     for name in available():
         doc = sys.modules[type(make_policy(name)).__module__].__doc__ or ""
         summary = doc.strip().splitlines()[0] if doc.strip() else ""
         panel = ("primary" if name in PRIMARY_PANEL else "robustness" if name in ROBUSTNESS_PANEL
-                 else "rq7" if name in RQ7_POLICIES else "extra")
+                 else "rq7" if name in RQ7_POLICIES else "rq9" if name in CACHE_AWARE else "extra")
         print(f"{name:32s} {panel:10s} {summary}")
     return 0
 
@@ -188,6 +208,15 @@ def _book(args) -> int:
             config = SubWindowConfig(window_size=size, engine_model=engine)
             if not subwindow_results_current(config, args.data_dir):
                 run_subwindow_campaign(config, data_dir=args.data_dir, progress=not args.quiet)
+        # RQ9: the prefix-hashed source with vLLM's prefix cache off and on (vllm_v1 whatever the engine)
+        from . import rq9
+        if "rq9_prefix_cache" in (args.notebooks or book.available_notebooks()):
+            for name, config in rq9.configs(data_dir=args.data_dir).items():
+                if results_are_current(config, args.data_dir):
+                    print(f"RQ9 results ({name}) are up to date: reusing them")
+                else:
+                    print(f"running RQ9's campaign ({name}; cached windows are reused) ...")
+                    print(run_campaign(config, data_dir=args.data_dir, progress=not args.quiet).line())
     t0 = time.perf_counter()
     index = book.build_book(params, notebooks=args.notebooks, strict=args.strict,
                             progress=not args.quiet,
@@ -311,6 +340,26 @@ def register(sub) -> None:
     p.add_argument("--force", action="store_true", help="rewrite the tables even if up to date")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_rq8_campaign)
+
+    p = sub.add_parser(
+        "rq9-campaign", help="RQ9: the prefix-hashed source with vLLM's prefix cache off and on",
+        description="Run the vllm_v1 engine model on the prefix-hashed source's windows "
+                    "(mooncake_conversation) with its prefix cache off, and on at three KV capacities, "
+                    "with the study's 13 policies, vllm_priority and the cache-aware lpm, dfs_weight and "
+                    "cache_aware_sjf, in every region at the base SLO; each configuration calibrated at "
+                    "its own knee. Writes data/results/campaign_vllm_v1_rq9_<configuration>.parquet and "
+                    "its λ_ref table; finished windows are cached, so a rerun reuses them and a killed run "
+                    "resumes.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--configurations", nargs="+", metavar="NAME",
+                   help="off, on_131072, on_262144, on_524288 (default: all)")
+    p.add_argument("--windows", type=int, metavar="N", help="only the source's first N windows")
+    p.add_argument("--executor", choices=["local", "dask"], default="local")
+    p.add_argument("--address", help="Dask scheduler address (with --executor dask)")
+    p.add_argument("--workers", type=int, help="worker processes (default: all cores)")
+    p.add_argument("--force", action="store_true", help="rewrite the tables even if up to date")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_rq9_campaign)
 
     p = sub.add_parser("calibrate", help="find each window's λ_ref and compare with the study's",
                        description="Bisection on FIFO's SLO-violation knee, per window, printed beside "

@@ -9,12 +9,10 @@ multiple of the configuration's own λ_ref), so its regions are loads *it* finds
 λ_ref tables say how far the cache moves the knee. Tables: ``data/results/campaign_vllm_v1_<tag>``
 (tags :data:`TAGS`), cells with the cache on carrying the tokens looked up and hit.
 
-    python -m portbench.rq9 [--windows N] [--workers W] [--executor dask]
+    portbench rq9-campaign [--windows N] [--configurations off on_131072] [--workers W] [--executor dask]
 """
 
 from __future__ import annotations
-
-import argparse
 
 from . import store
 from .campaign import CampaignConfig, load_results, run_campaign
@@ -34,11 +32,19 @@ CAPACITIES = (131072, 262144, 524288)
 TAGS = {"off": "rq9_cache_off", **{f"on_{kv}": f"rq9_cache_on_kv{kv}" for kv in CAPACITIES}}
 
 
-def configs(window_ids=None) -> dict[str, CampaignConfig]:
+def source_window_ids(first: int | None = None, data_dir=None) -> list[str]:
+    """The source's window ids (its ``first`` ones only, when given)."""
+    ids = store.list_windows(data_dir, source=SOURCE)["window_id"].tolist()
+    if not ids:
+        raise KeyError(f"no windows of {SOURCE!r} in the store (see data/README.md)")
+    return ids[:first] if first else ids
+
+
+def configs(window_ids=None, data_dir=None) -> dict[str, CampaignConfig]:
     """The campaigns, by configuration (``off``, ``on_<capacity>``), over ``window_ids`` (default:
     every window of :data:`SOURCE`)."""
     if window_ids is None:
-        window_ids = store.list_windows(source=SOURCE)["window_id"].tolist()
+        window_ids = source_window_ids(data_dir=data_dir)
     common = dict(engine_model=ENGINE, policies=PANEL, slo_multipliers=(BASE_SLO_MULTIPLIER,),
                   window_ids=tuple(window_ids))
     out = {"off": CampaignConfig(**common, tag=TAGS["off"])}
@@ -55,18 +61,12 @@ def load(configuration: str, data_dir=None):
     return load_results(f"{ENGINE}_{TAGS[configuration]}", data_dir)
 
 
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description="RQ9's campaigns (prefix cache off and on)")
-    ap.add_argument("--windows", type=int, help="only the first N windows of the source")
-    ap.add_argument("--configurations", nargs="+", choices=list(TAGS), default=list(TAGS))
-    ap.add_argument("--workers", type=int)
-    ap.add_argument("--executor", default="local", choices=("local", "dask"))
-    args = ap.parse_args(argv)
-    ids = store.list_windows(source=SOURCE)["window_id"].tolist()[:args.windows]
-    for name, config in configs(ids).items():
-        if name in args.configurations:
-            print(run_campaign(config, executor=args.executor, workers=args.workers).line(), flush=True)
+def main(argv=None) -> int:
+    """``python -m portbench.rq9 ARGS`` is ``portbench rq9-campaign ARGS``."""
+    from .cli import main as cli_main
+
+    return cli_main(["rq9-campaign", *(argv if argv is not None else __import__("sys").argv[1:])])
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

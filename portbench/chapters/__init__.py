@@ -2,7 +2,7 @@
 
 A chapter notebook reads, calls this package and shows; what it computes lives here, one module per
 chapter that needs one (:mod:`.fidelity` and :mod:`.fidelity_cases` with :mod:`.fidelity_figures`,
-the fidelity chapter; :mod:`.rq6`, the real-engine chapter). They read the analysis layer's results
+the fidelity chapter; :mod:`.rq6`, the real-engine chapter; :mod:`.rq9`, the prefix-cache chapter). They read the analysis layer's results
 (:mod:`portbench.fidelity`, :mod:`portbench.stats`, :mod:`portbench.results`) and format them with
 :mod:`portbench.present`.
 
