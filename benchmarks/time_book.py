@@ -35,6 +35,8 @@ def stale_tables(engine: str = "lssp") -> list[str]:
              for c in configs if not results_are_current(c)]
     stale += [f"rq8 sub-windows of {size}" for size in RQ8_WINDOW_SIZES
               if not subwindow_results_current(SubWindowConfig(window_size=size, engine_model=engine))]
+    from portbench import rq9
+    stale += [results_path(c.table_name).name for c in rq9.configs().values() if not results_are_current(c)]
     return stale
 
 

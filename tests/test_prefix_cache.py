@@ -154,3 +154,29 @@ def test_prompt_token_ids_repeat_exactly_where_the_hashes_do():
     assert len(a) == 1000 and len(b) == 700
     assert a[:512] == b[:512] and a[512:700] != b[512:700]
     assert prompt_token_ids(600, [5, 6], 512, rng)[:600] == a[:600]
+
+
+def test_the_pool_is_whole_after_a_run():
+    # every block back in the free queue exactly once, no reference left, every cached key's list
+    # holding blocks that carry that key (a Mooncake window at high load: hits and preemptions)
+    from portbench.engine import blockpool
+
+    w = scale(store.load_window(f"{store.PREFIX_HASHED_SOURCE}_w01"), 3.0)
+    m = VllmV1Model(enable_prefix_caching=True, drain_s=1e5)       # every request finishes
+    engine = m.make_engine(w, make_policy("fifo"))
+    engine.run()
+    r = engine.result(w)
+    assert r.n_preemptions > 0 and r.prefix_hit_tokens > 0 and np.isfinite(r.finish_s).all()
+    nxt, prv, ref, bkey, khead, ktail, dnext, dprev = blockpool.views(engine._pool.array)[:8]
+    nb = len(ref)
+    seen, b = [], nxt[nb]
+    while b != nb:
+        seen.append(int(b))
+        assert nxt[prv[b]] == b
+        b = nxt[b]
+    assert sorted(seen) == list(range(nb)) and not ref.any()
+    for k in np.flatnonzero(khead >= 0)[:2000]:
+        b = khead[k]
+        while b >= 0:
+            assert bkey[b] == k
+            b = dnext[b]
