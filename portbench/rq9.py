@@ -55,18 +55,7 @@ def configs(window_ids=None, data_dir=None) -> dict[str, CampaignConfig]:
 
 
 def load(configuration: str, data_dir=None):
-    """One configuration's campaign table (run ``python -m portbench.rq9`` first)."""
+    """One configuration's campaign table (run ``portbench rq9-campaign`` first)."""
     if configuration not in TAGS:
         raise KeyError(f"unknown RQ9 configuration {configuration!r}; known: {', '.join(TAGS)}")
     return load_results(f"{ENGINE}_{TAGS[configuration]}", data_dir)
-
-
-def main(argv=None) -> int:
-    """``python -m portbench.rq9 ARGS`` is ``portbench rq9-campaign ARGS``."""
-    from .cli import main as cli_main
-
-    return cli_main(["rq9-campaign", *(argv if argv is not None else __import__("sys").argv[1:])])
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
