@@ -38,7 +38,7 @@ def on_vs_off(off: pd.DataFrame, on: pd.DataFrame, metric: str, *, policies, reg
                               n_resamples=n_resamples, seed=seed)
         rows.append({"region": region, "tau_b": tau.statistic, "bca_low": tau.bca_interval.low,
                      "bca_high": tau.bca_interval.high, "best_off": tau.top1_a, "best_on": tau.top1_b,
-                     "reversals": int((rev["cls"] != "STABLE").sum() - (rev["cls"] == "UNDEFINED").sum()),
+                     "reversals": int((~rev["cls"].isin(["STABLE", "UNDEFINED"])).sum()),
                      "supported": int((rev["cls"] == "SUPPORTED_PRACTICAL_REVERSAL").sum()),
                      "pairs": len(rev)})
     return pd.DataFrame(rows)
