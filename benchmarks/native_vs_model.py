@@ -17,8 +17,8 @@ Configurations (``--configs``):
   ``vllm_v1`` has too);
 - ``campaign_first_chunk``: the same with both admitting on the first chunk's blocks only
   (``reserve_full_isl=False``, vLLM before 0.32's option);
-- ``study``: the study's real-system configuration: 32,768-token budget, chunked prefill off (vLLM;
-  vllm_v1 always chunks), ``max_model_len`` 32,768, at most 32 requests running (the study's 32
+- ``study``: the study's real-system configuration: 32,768-token budget, chunked prefill off (both
+  engine models), ``max_model_len`` 32,768 (vLLM's), at most 32 requests running (the study's 32
   client threads, as an engine cap here), 500,000 KV tokens;
 - ``long_prefill``: the campaign's with ``long_prefill_token_threshold`` 256;
 - ``campaign_cache``: the campaign's with vLLM's prefix cache on in both (``enable_prefix_caching``;
@@ -77,8 +77,8 @@ STAMPS = ("admit_s", "first_token_s", "finish_s")
 CONFIGS = {
     "campaign": ({}, {}),
     "campaign_first_chunk": ({"reserve_full_isl": False}, {}),
-    "study": ({"max_num_batched_tokens": 32768, "max_active_sequences": 32, "max_kv_tokens": 500_000},
-              {"enable_chunked_prefill": False, "max_model_len": 32768}),
+    "study": ({"max_num_batched_tokens": 32768, "max_active_sequences": 32, "max_kv_tokens": 500_000,
+               "enable_chunked_prefill": False}, {"max_model_len": 32768}),
     "long_prefill": ({"long_prefill_token_threshold": 256}, {}),
     "campaign_cache": ({"enable_prefix_caching": True}, {"max_model_len": 131072}),
 }
@@ -195,6 +195,9 @@ def main(argv=None) -> int:
                     help="write the rows where the book reads them: data/results/native_vs_model.csv "
                          "(the fidelity chapter), or native_vs_model_prefix.csv for the prefix-hashed "
                          "source (RQ9)")
+    ap.add_argument("--merge", action="store_true",
+                    help="with --save/--out: replace only the rows of the configurations and policies "
+                         "run now, keeping the file's others")
     args = ap.parse_args(argv)
 
     nat.require_vllm()
@@ -285,6 +288,10 @@ def main(argv=None) -> int:
         out = results.native_prefix_check_path() if prefix_source else results.native_check_path()
     if out:
         frame = pd.DataFrame(rows)
+        if args.merge and Path(out).exists():
+            kept = pd.read_csv(out)
+            ran = kept["config"].isin(frame["config"].unique()) & kept["policy"].isin(frame["policy"].unique())
+            frame = pd.concat([kept[~ran], frame], ignore_index=True)
         store.atomic_write(Path(out), lambda p: frame.to_csv(p, index=False))
         print(f"\nwrote {out}")
     return 0

@@ -7,7 +7,7 @@ For every (window, policy) of the case ``<tag>_case``: the window at the case's 
 λ_ref × the region's factor), the ``vllm_v1`` engine model with the step cost cross-validated by
 window on the case's own steps (a cost per policy), and the configuration's limits and client cap
 (:data:`portbench.realconfig.STUDY_CONFIG`: 32,768-token budget and ``max_model_len``, 256
-sequences, at most 32 requests in flight). Writes the case's ``sim_config`` beside it
+sequences, at most 32 requests in flight, chunked prefill off). Writes the case's ``sim_config`` beside it
 (:class:`portbench.results.Case`; one row per window and policy: the load, the cap's fixed-point
 iterations, refusals and every metric) and prints the predicted and real ``slai_faithful`` − ``vllm_faithful`` ANWG per source.
 """
@@ -35,6 +35,7 @@ def main():
     pred = realconfig.predict_runs(case["runs"], case["steps"], case["windows"], k=args.folds, **config)
     pred = pred.assign(config=args.config, budget=config["budget"], seqs=config["seqs"],
                        max_model_len=config["max_model_len"], max_in_flight=config["max_in_flight"],
+                       enable_chunked_prefill=config["enable_chunked_prefill"],
                        cost=f"rich, per policy, cross-validated over {args.folds} folds of windows")
     stored = results.case_of(args.tag)
     stored.write(sim_config=pred)

@@ -18,10 +18,10 @@ simulate, recompute every submission from the finishes, simulate again, until th
 longer change. A fixed point is a trajectory of the capped system (the engine model is causal and
 deterministic); one not reached in ``max_iterations`` is an error.
 
-Known residual difference: the `vllm_v1` model always chunks prompts to the step's budget, where
-the real engine in this configuration admitted whole prompts only. That can matter only in a step
-whose waiting prompts add up to more than the budget; with at most 32 in flight, only where 32
-consecutive prompts of a window do (:func:`budget_exposure` counts those windows).
+Chunked prefill is off there, as in the real engine (``VllmV1Model(enable_chunked_prefill=False)``):
+a waiting prompt that does not fit the step's budget left stops admission. (Before the model had
+that rule it chunked prompts to the budget; :func:`budget_exposure` counts the windows where that
+could matter: those with ``max_in_flight`` consecutive prompts adding up to more than the budget.)
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ RUN_KEYS = ["window_id", "policy", "repetition"]
 #: ports ran (``vllm_faithful``'s whole-prompt admission budget; SLAI's plugin takes the engine's
 #: ``max_num_scheduled_tokens``, its decode limit stays 128).
 STUDY_CONFIG = {"budget": 32768, "seqs": 256, "max_model_len": 32768, "max_in_flight": 32,
+                "enable_chunked_prefill": False,
                 "policy_params": {"vllm_faithful": {"max_num_batched_tokens": 32768, "max_num_seqs": 256},
                                   "slai_faithful": {"token_budget": 32768, "max_num_seqs": 256}}}
 
@@ -89,16 +90,16 @@ def run_capped(window: Window, simulate, max_in_flight: int | None, *, max_itera
 
 def simulate_configured(window: Window, policy: str, cost, *, budget: int, seqs: int, max_model_len=None,
                         max_in_flight: int | None = None, policy_params: dict | None = None,
-                        kv_tokens: int = 500_000):
+                        kv_tokens: int = 500_000, enable_chunked_prefill: bool = True):
     """One `vllm_v1` run of ``policy`` on ``window`` (already scaled) with the given token budget,
-    sequence cap, ``max_model_len`` (the real refusal rule), client cap and the policy's own
-    parameters (``policy_params``: {policy: keyword arguments}, over the fidelity chapter's
-    defaults). Returns ``(RunResult, refused mask, submit_s, iterations)``."""
+    sequence cap, ``max_model_len`` (the real refusal rule), client cap, chunked prefill on or off
+    and the policy's own parameters (``policy_params``: {policy: keyword arguments}, over the
+    fidelity chapter's defaults). Returns ``(RunResult, refused mask, submit_s, iterations)``."""
     from .policies import make_policy
 
     refused = fidelity.real_refused(window, max_model_len)
     model = VllmV1Model(max_num_batched_tokens=int(budget), max_active_sequences=int(seqs),
-                        max_kv_tokens=kv_tokens, cost=cost)
+                        max_kv_tokens=kv_tokens, cost=cost, enable_chunked_prefill=enable_chunked_prefill)
     params = {**fidelity.REAL_COUNTERPARTS.get(policy, {}).get("params", {}),
               **(policy_params or {}).get(policy, {})}
     result, submit, iterations = run_capped(
@@ -111,7 +112,8 @@ def simulate_configured(window: Window, policy: str, cost, *, budget: int, seqs:
 
 def predict_runs(runs: pd.DataFrame, steps: pd.DataFrame, windows: dict, *, budget: int, seqs: int,
                  max_model_len=None, max_in_flight: int | None = None, policy_params: dict | None = None,
-                 k: int = 4, kind: str = "rich", only=None) -> pd.DataFrame:
+                 enable_chunked_prefill: bool = True, k: int = 4, kind: str = "rich",
+                 only=None) -> pd.DataFrame:
     """The simulator's prediction for every (window, policy) of a real case, in the case's own
     configuration: each window at the runs' load factor, the `vllm_v1` model with the cost fitted
     (``kind``, per policy) on the case's steps in the other folds of windows
@@ -129,7 +131,7 @@ def predict_runs(runs: pd.DataFrame, steps: pd.DataFrame, windows: dict, *, budg
         cost = costs[(costs["folds"][wid], pol)]
         result, refused, _, iterations = simulate_configured(
             w, pol, cost, budget=budget, seqs=seqs, max_model_len=max_model_len, max_in_flight=max_in_flight,
-            policy_params=policy_params)
+            policy_params=policy_params, enable_chunked_prefill=enable_chunked_prefill)
         rows.append({"source": src, "window_id": wid, "policy": pol, "load_factor": load,
                      "iterations": iterations, "n_refused": int(refused.sum()),
                      **cell_metrics(result)})

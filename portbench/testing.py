@@ -206,8 +206,16 @@ def _strategies():
                                      meta={**window.meta, "block_tokens": 16})
         return window, dataclasses.replace(model, enable_prefix_caching=True)
 
+    @st.composite
+    def vllm_v1_whole_cases(draw):
+        # chunked prefill off: a waiting prompt enters only whole (the budget at least the longest)
+        import dataclasses
+        window, model = draw(vllm_v1_cases())
+        budget = max(model.max_num_batched_tokens, int(window.input_tokens.max()))
+        return window, dataclasses.replace(model, enable_chunked_prefill=False, max_num_batched_tokens=budget)
+
     return {"lssp": lssp_cases(), "vllm_v1": vllm_v1_cases(), "vllm_v1_caps": vllm_v1_caps_cases(),
-            "vllm_v1_cache": vllm_v1_cache_cases()}
+            "vllm_v1_cache": vllm_v1_cache_cases(), "vllm_v1_whole": vllm_v1_whole_cases()}
 
 
 def random_cases(engine_model: str):
@@ -224,7 +232,8 @@ def real_cases(engine_model: str, n_windows: int = 2) -> tuple:
     window of the study's first ``n_windows`` sources, at its base SLO), where queues run long: at
     the λ_ref of ``data/results/lambda_ref_<engine>.csv`` when present, else calibrated here.
     ``vllm_v1_caps``: the ``vllm_v1`` cases with vLLM's long-prefill caps on (threshold 256, at most
-    two prefills a step, one of them long). ``vllm_v1_cache``: ``vllm_v1`` with its prefix cache on,
+    two prefills a step, one of them long). ``vllm_v1_whole``: chunked prefill off, with the study's
+    real-system budget (32,768 tokens, above every shipped prompt). ``vllm_v1_cache``: ``vllm_v1`` with its prefix cache on,
     on the first windows of the prefix-hashed source (``mooncake_conversation``), calibrated here.
     Loaded once per process (every policy checked reuses them; the engines never change a window)."""
     from . import results, store
@@ -234,11 +243,14 @@ def real_cases(engine_model: str, n_windows: int = 2) -> tuple:
 
     import dataclasses
 
-    variant, engine_model = engine_model, engine_model.removesuffix("_caps").removesuffix("_cache")
+    variant = engine_model
+    engine_model = engine_model.removesuffix("_caps").removesuffix("_cache").removesuffix("_whole")
     model = make_model(engine_model)
     if variant == "vllm_v1_caps":
         model = dataclasses.replace(model, long_prefill_token_threshold=256,
                                     max_num_partial_prefills=2, max_long_partial_prefills=1)
+    if variant == "vllm_v1_whole":
+        model = dataclasses.replace(model, enable_chunked_prefill=False, max_num_batched_tokens=32768)
     table = results.read_lambda_table(engine_model)
     lam = table.set_index("window_id")["lambda_ref"] if table is not None else {}
     first = store.list_windows().groupby("source", sort=True).head(1)["window_id"].tolist()
@@ -259,7 +271,8 @@ def check_policy(policy_class, params: dict | None = None, *, engine_models=("ls
     """Check ``policy_class(**params)`` against the engine's contract on random and real windows.
 
     Under each engine model (``lssp``, ``vllm_v1``, ``vllm_v1_caps``: ``vllm_v1`` with vLLM's
-    long-prefill caps on, or ``vllm_v1_cache``: with its prefix cache on, prompts sharing prefixes), on ``max_examples`` random windows and on ``real_windows`` shipped
+    long-prefill caps on, ``vllm_v1_whole``: with chunked prefill off, or ``vllm_v1_cache``: with
+    its prefix cache on, prompts sharing prefixes), on ``max_examples`` random windows and on ``real_windows`` shipped
     windows at high load (:func:`real_cases`): the fast engine equals the step-by-step loop request
     by request, the engine honoured every decision of the walk, and a second run is identical.
     Raises :class:`PolicyContractError` naming the policy, the engine model, the first diverging

@@ -105,3 +105,27 @@ def test_binding_caps_change_a_real_schedule():
 def test_fast_path_equals_the_walk_with_caps_on(name):
     check_policy(type(make_policy(name)), engine_models=("vllm_v1_caps",), max_examples=25,
                  real_windows=1)
+
+
+def test_chunked_prefill_off_admits_whole_prompts_only_hand_worked():
+    # Budget 400, chunked prefill off: step 0 admits A (300 tokens, 100 left); B (300) does not fit
+    # what is left and stops admission (C and D wait behind it, as in vLLM). Step 1: A decodes (1
+    # token), 399 left: B enters (99 left), C (50) too (49 left), D (50) does not fit. Step 2: D.
+    # With chunking, step 0 would take A whole and 100 tokens of B.
+    r = run(four_requests(), max_num_batched_tokens=400, enable_chunked_prefill=False)
+    np.testing.assert_allclose(r.admit_s, np.array([0, 1, 1, 2]) * MS)
+    np.testing.assert_allclose(r.first_token_s, np.array([1, 2, 2, 3]) * MS)
+    np.testing.assert_allclose(r.finish_s, np.array([5, 6, 6, 7]) * MS)
+    chunked = run(four_requests(), max_num_batched_tokens=400)
+    assert chunked.admit_s[1] == 0.0
+
+
+def test_chunked_prefill_off_refuses_a_prompt_above_the_budget():
+    with pytest.raises(ValueError, match=r"request 0's prompt \(300 tokens\) exceeds max_num_batched_tokens \(256\)"):
+        run(four_requests(), max_num_batched_tokens=256, enable_chunked_prefill=False)
+
+
+@pytest.mark.parametrize("name", ["fifo", "edf", "vllm_priority", "slai_faithful", "fastserve_mlfq"])
+def test_fast_path_equals_the_walk_with_chunked_prefill_off(name):
+    check_policy(type(make_policy(name)), engine_models=("vllm_v1_whole",), max_examples=25,
+                 real_windows=1)

@@ -34,9 +34,8 @@ import numba
 import numpy as np
 
 from .prefix import block_keys
+from .reqtable import BLOCKS, DECODED, INP, TARGET
 
-# the engine's request table columns these functions read and write (vllm_v1's)
-_COMPUTED, _BLOCKS = 2, 4
 # the pool's arrays (views of BlockPool.array), by position in _views' tuple
 NXT, PRV, REF, BKEY, KHEAD, KTAIL, DNEXT, DPREV, TABLE, TOFF, RKEY, NCACHED = range(12)
 _HEADER = 4             # BlockPool.array starts with: blocks, keys, block-table entries, requests
@@ -62,9 +61,10 @@ class BlockPool:
         self.array = np.concatenate(parts)
         self.block_size = block_size
 
-    def hit(self, st, i: int) -> tuple[int, int]:
-        """(blocks request ``i`` would hit now, how many of them are in the free queue)."""
-        return _hit_of(self.array, i, _max_hit(st, i, self.block_size))
+    def admission(self, st, i: int, budget: int, thr: int, whole: bool, may_hit: bool):
+        """Waiting request ``i`` admitted now (see :func:`_admission`): (blocks it hits, tokens it
+        computes, free blocks it takes, free blocks vLLM's check asks for)."""
+        return _admission_of(self.array, st, i, self.block_size, budget, thr, whole, may_hit)
 
     def fewest_blocks(self, st, ids, budget: int, thr: int, whole: bool) -> int:
         """The fewest free blocks any of waiting requests ``ids`` needs to be admitted now (see
@@ -119,7 +119,7 @@ def views(A):
 @numba.njit(cache=True, inline="always")
 def _max_hit(st, i, bs):
     """The most blocks a lookup may hit: whole blocks of the sequence so far, less its last token."""
-    return (st[i, 0] + st[i, 5] - 1) // bs          # INP + DECODED - 1
+    return (st[i, INP] + st[i, DECODED] - 1) // bs
 
 
 @numba.njit(cache=True)
@@ -149,25 +149,38 @@ def _cached_prefix(A, st, ids, bs):
 
 
 @numba.njit(cache=True)
+def _admission(P, st, i, bs, budget, thr, whole, may_hit):
+    """Request ``i`` (waiting, nothing computed) admitted with ``budget`` tokens left under the cap
+    ``thr`` (0: none), by vLLM's ``allocate_slots``: (``h`` blocks it hits (none unless
+    ``may_hit``), the tokens it computes, the free blocks it takes: new ones for its hit and chunk
+    and its hit blocks in the free queue, and the free blocks the admission check asks for: those,
+    or under ``whole`` (``reserve_full_isl``) its whole sequence's less the hit blocks, plus the hit
+    blocks in the free queue)."""
+    target = st[i, TARGET]
+    h = e = 0
+    if may_hit:
+        h, e = _hit(P, i, _max_hit(st, i, bs))
+    chunk = min(target - h * bs, budget)
+    if thr > 0:
+        chunk = min(chunk, thr)
+    take = -(-(h * bs + chunk) // bs) - h + e
+    check = -(-target // bs) - h + e if whole else take
+    return h, chunk, take, check
+
+
+@numba.njit(cache=True)
+def _admission_of(A, st, i, bs, budget, thr, whole, may_hit):
+    return _admission(views(A), st, i, bs, budget, thr, whole, may_hit)
+
+
+@numba.njit(cache=True)
 def _fewest_blocks(A, st, ids, bs, budget, thr, whole):
     """The fewest free blocks one of ``ids`` (waiting, nothing computed) needs for admission with
-    ``budget`` tokens left under the cap ``thr`` (0: none): those of its whole sequence (``whole``:
-    ``reserve_full_isl``) or of its first chunk, less its hit blocks, plus the hit blocks it takes
-    out of the free queue."""
+    ``budget`` tokens left under the cap ``thr`` (0: none): :func:`_admission`'s check."""
     P = views(A)
     least = 1 << 62
     for j in range(ids.shape[0]):
-        i = ids[j]
-        target = st[i, 3]                               # TARGET
-        h, e = _hit(P, i, _max_hit(st, i, bs))
-        if whole:
-            need = -(-target // bs) - h + e
-        else:
-            chunk = min(target - h * bs, budget)
-            if thr > 0:
-                chunk = min(chunk, thr)
-            need = -(-(h * bs + chunk) // bs) - h + e
-        least = min(least, need)
+        least = min(least, _admission(P, st, ids[j], bs, budget, thr, whole, True)[3])
     return least
 
 
@@ -209,7 +222,7 @@ def touch(P, st, i, h):
             _unlink(P, b)
         ref[b] += 1
         table[off + j] = b
-    st[i, _BLOCKS] = h
+    st[i, BLOCKS] = h
     P[NCACHED][i] = h
 
 
@@ -223,8 +236,8 @@ def allocate(P, st, i, n):
         _unlink(P, b)
         _forget(P, b)
         ref[b] = 1
-        table[off + st[i, _BLOCKS]] = b
-        st[i, _BLOCKS] += 1
+        table[off + st[i, BLOCKS]] = b
+        st[i, BLOCKS] += 1
 
 
 @numba.njit(cache=True)
@@ -264,16 +277,11 @@ def release_blocks(A, st, i):
 
 
 @numba.njit(cache=True)
-def _hit_of(A, i, max_blocks):
-    return _hit(views(A), i, max_blocks)
-
-
-@numba.njit(cache=True)
 def release(P, st, i):
     """Request ``i`` lets go of its blocks, last first. Returns the blocks that became free."""
     nxt, prv, ref, bkey, table, off = P[NXT], P[PRV], P[REF], P[BKEY], P[TABLE], P[TOFF][i]
     s = ref.shape[0]
-    n = st[i, _BLOCKS]
+    n = st[i, BLOCKS]
     head = s                        # the uncached ones go to the queue's head, in release order
     freed = 0
     for j in range(n - 1, -1, -1):
@@ -295,6 +303,6 @@ def release(P, st, i):
             prv[b] = p
             nxt[b] = s
             prv[s] = b
-    st[i, _BLOCKS] = 0
+    st[i, BLOCKS] = 0
     P[NCACHED][i] = 0
     return freed

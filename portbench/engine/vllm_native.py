@@ -32,8 +32,9 @@ on a model configured that way. ``slai_faithful``'s own scheduler port reads the
 not run here, nor is any other policy that is not a key.
 
 vLLM rules this model has and ``vllm_v1`` does not (see ``benchmarks/native_vs_model.py``):
-chunked prefill off, ``max_model_len``, and priority scheduling's preemption victim (the running
-request of lowest priority, not the newest). ``vllm_v1`` took over these from this check:
+``max_model_len``, and priority scheduling's preemption victim (the running request of lowest
+priority, not the newest). ``vllm_v1`` took over these from this check: chunked prefill off
+(``enable_chunked_prefill=False``),
 ``reserve_full_isl`` (vLLM 0.32's ``scheduler_reserve_full_isl``, on by default: a waiting request
 is admitted only when the KV blocks of its whole prompt, or prompt + output so far after a
 preemption, are free, not just those of its first chunk), the request that preempts itself when no
@@ -558,7 +559,8 @@ CLASSES = {
                                  "model asks only for its first chunk's (vllm_v1 with "
                                  "reserve_full_isl=False)",
     "chunked_prefill_off": "chunked prefill off in vLLM: a prompt that does not fit the budget left "
-                           "stops admission; vllm_v1 always chunks",
+                           "stops admission; the model chunked it (vllm_v1 has this option since "
+                           "2026-12-05)",
     "lone_long_prefill": "vLLM lifts long_prefill_token_threshold while a single request is in the "
                          "engine; the model caps it always (vllm_v1 lifts it since 2026-12-05)",
     "waiting_eviction": "the policy's eviction of running requests by a waiting one (vLLM v0's rule); "

@@ -59,6 +59,7 @@ import numpy as np
 from .api import (NEVER, Decision, EngineView, Policy, PolicyContractError, RunResult, check_decision,
                   check_in_window, read_only, skips_steps)
 from . import blockpool
+from .reqtable import BLOCKS, COMPUTED, DECODED, FINISH, FIRST, INP, OUT, TARGET
 from .stepcost import PS, StepCost
 
 _TIMER_MARGIN_PS = 10 ** 6      # a clock timer fires up to a microsecond early (float round-off)
@@ -110,6 +111,12 @@ class VllmV1Model:
     or prompt + output after a preemption) are free, not just those of its first chunk; only the
     chunk's blocks are taken. Off: the first chunk's blocks decide (vLLM before that option).
 
+    ``enable_chunked_prefill`` (vLLM's default, on): off, a waiting request is admitted only with
+    all the tokens it computes (its prompt less any cache hit, under the long-prefill cap) within
+    the step's budget left, and the first that does not fit stops admission (vLLM v1's rule, which
+    then needs every prompt within ``max_num_batched_tokens``: a longer one is refused when the
+    engine is built). Running requests are untouched by it, as in vLLM.
+
     Preemption is vLLM v1's FCFS rule: a running request that cannot get its blocks preempts the
     last running request, itself included (it then waits again at the queue's head, and the running
     phase ends).
@@ -137,6 +144,7 @@ class VllmV1Model:
     max_num_partial_prefills: int = 1
     max_long_partial_prefills: int = 1
     reserve_full_isl: bool = True
+    enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = False
 
     def __post_init__(self):
@@ -182,8 +190,7 @@ class VllmV1Model:
 
 
 # --- the per-request loops, compiled -------------------------------------------------------------
-# Per-request state lives in one int64 table, a row per request, these columns:
-INP, OUT, COMPUTED, TARGET, BLOCKS, DECODED, FIRST, FINISH = range(8)
+# Per-request state lives in one int64 table, a row per request (columns: portbench.engine.reqtable).
 
 
 @numba.njit(cache=True)
@@ -399,6 +406,12 @@ class _V1Engine:
         self.priority = np.ones(n) if priority is None else np.asarray(priority, dtype=np.float64)
         self.block_hashes = window.block_hashes
         self.block_tokens = int(window.meta["block_tokens"]) if window.block_hashes is not None else None
+        if not model.enable_chunked_prefill and n and int(window.input_tokens.max()) > model.max_num_batched_tokens:
+            i = int(np.argmax(window.input_tokens))
+            raise ValueError(f"window {window.window_id}: request {i}'s prompt ({int(window.input_tokens[i])} "
+                             f"tokens) exceeds max_num_batched_tokens ({model.max_num_batched_tokens}); "
+                             f"without chunked prefill it could never be admitted (vLLM requires "
+                             f"max_model_len <= max_num_batched_tokens then)")
         self.arrival_ps = np.ceil(window.arrival_s * PS).astype(np.int64).tolist()   # as math.ceil(a * PS)
         self.inp = window.input_tokens.tolist()
         st = self.st = np.zeros((n, 8), dtype=np.int64)
@@ -512,20 +525,10 @@ class _V1Engine:
     def _admission_with_hit(self, i: int, target: int, budget: int, thr: int):
         """Waiting request ``i`` (``target`` tokens, nothing computed) under prefix caching: (tokens
         its cache hit skips, tokens it computes in the step, free blocks it takes: new ones and hit
-        ones in the free queue, whether it fits). vLLM's check (``allocate_slots``): the blocks of
-        the chunk, or under ``reserve_full_isl`` of the whole sequence, less the hit blocks, plus the
-        hit blocks taken out of the free queue, must be free."""
-        bs = self.model.block_size
-        h, evictable = self._pool.hit(self.st, i) if self._may_hit(i) else (0, 0)
-        hit = h * bs
-        n_new = self._first_chunk(target - hit, budget, thr)
-        new_blocks = -(-(hit + n_new) // bs) - h
-        need = new_blocks + evictable
-        if self.model.reserve_full_isl:
-            fits = -(-target // bs) - h + evictable <= self.free_blocks
-        else:
-            fits = need <= self.free_blocks
-        return hit, n_new, need, fits
+        ones in the free queue, whether it fits vLLM's check: :func:`blockpool._admission`)."""
+        h, n_new, need, check = self._pool.admission(self.st, i, budget, thr, self.model.reserve_full_isl,
+                                                     self._may_hit(i))
+        return h * self.model.block_size, n_new, need, check <= self.free_blocks
 
     def _take_blocks(self, i: int, hit: int, n_new: int) -> None:
         """Admit request ``i``'s blocks: its hit ones shared, new ones for its chunk, full ones cached."""
@@ -721,6 +724,10 @@ class _V1Engine:
                     fits = max(need, self._admission_blocks(target, budget, thr)) <= self.free_blocks
                 else:
                     hit, n_new, need, fits = self._admission_with_hit(i, target, budget, thr)
+                if not m.enable_chunked_prefill and self._first_chunk(target - hit, target, thr) > budget:
+                    refused_for_room = True        # what it computes (under the cap) exceeds the
+                    self.refused = ((i, "budget"),)   # budget left: vLLM without chunked prefill
+                    break                          # stops admission here
                 if not fits:
                     refused_for_room = True
                     self.refused = ((i, "kv"),)

@@ -50,12 +50,22 @@ class DfsWeight(KeyPolicy):
 
     name = "dfs_weight"
 
+    _last = None        # (block hashes, ids, cached prefixes, rank) of the last walk
+
     def key(self, view, ids):
-        cached = view.cached_prefix(ids).tolist()
+        cached = view.cached_prefix(ids)
+        if not cached.any():
+            return np.zeros(len(ids), dtype=np.int64)
+        # the walk depends on nothing else: reuse the last one while the queue and its cached
+        # prefixes stay the same (as they do over a run of steps that admit nothing)
+        last = self._last
+        if (last is not None and last[0] is view.block_hashes and np.array_equal(last[1], ids)
+                and np.array_equal(last[2], cached)):
+            return last[3].copy()
         rank = np.zeros(len(ids), dtype=np.int64)
-        if any(cached):
-            rank[dfs_order(view, ids, cached)] = np.arange(len(ids))
-        return rank
+        rank[dfs_order(view, ids, cached.tolist())] = np.arange(len(ids))
+        self._last = (view.block_hashes, np.array(ids), cached, rank)
+        return rank.copy()
 
 
 def dfs_order(view, ids, cached: list) -> list:
