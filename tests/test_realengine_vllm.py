@@ -51,6 +51,13 @@ def mixed_window():
                        [4, 100, 4, 4, 2], prediction_seed=1)
 
 
+def shared_prefix_window():
+    """B repeats A's prompt (the same 512-token hash block, 300 tokens) after A has finished; C's
+    prompt is its own."""
+    return make_window("shared", "test", [0.0, 0.4, 0.5], [300, 300, 300], [4, 4, 4], prediction_seed=1,
+                       meta={"block_tokens": 512}, block_hashes=(np.array([7]), np.array([7]), np.array([8])))
+
+
 #: (prompt, max_tokens) straight to vllm_faithful's engine (max_model_len 2560)
 OUTCOMES = [(2500, 100), (2559, 1), (2559, 2), (2560, 1), (3000, 4), (64, 8)]
 
@@ -64,6 +71,8 @@ JOBS = {
     "faithful_mixed": ("replay", (mixed_window(), "vllm_faithful"), {"max_num_seqs": SEQS}),
     "faithful_inflight": ("replay", (random_window(), "vllm_faithful"), {"max_num_seqs": SEQS, "max_in_flight": 2}),
     "slai_equal": ("replay", (mixed_window(), "slai_faithful"), {"max_num_seqs": SEQS, **vb.EQUAL_ADMISSION}),
+    "fifo_cache": ("replay", (shared_prefix_window(), "fifo"), {"max_num_seqs": SEQS,
+                                                                  "enable_prefix_caching": True}),
     "outcomes": ("engine_outcomes", ("vllm_faithful", OUTCOMES), {"max_num_seqs": SEQS}),
     "probe_faithful": ("probe", ("vllm_faithful",), {"max_num_seqs": SEQS}),
     "probe_slai": ("probe", ("slai_faithful",), {"max_num_seqs": SEQS}),
@@ -245,3 +254,19 @@ def test_equal_admission_refuses_the_same_requests_on_both_policies(runs):
     _, faithful = runs["faithful_mixed"]
     assert slai["engine_config"]["max_model_len"] == faithful["engine_config"]["max_model_len"] == 2560
     assert slai["rejected"] == faithful["rejected"] == [1, 2, 4]
+
+
+def test_prefix_caching_serves_the_shared_prompt_as_the_model_predicts(runs):
+    # vLLM's own cache: B finds A's full blocks (at most (300 - 1) // block size of them), C none;
+    # the vllm_v1 model with the engine's block size and the cache on hits the same tokens.
+    from portbench.engine import simulate
+    from portbench.engine.vllm_v1 import VllmV1Model
+    from portbench.policies import make_policy
+
+    result, info = runs["fifo_cache"]
+    bs = info["block_size"]
+    assert info["engine_config"]["enable_prefix_caching"] is True
+    np.testing.assert_array_equal(info["cached_tokens"], [0, (299 // bs) * bs, 0])
+    model = VllmV1Model(block_size=bs, max_active_sequences=SEQS, enable_prefix_caching=True)
+    predicted = simulate(shared_prefix_window(), make_policy("fifo"), model)
+    assert predicted.prefix_hit_tokens == int(info["cached_tokens"].sum())

@@ -109,8 +109,10 @@ def simulate_counterpart(window, policy: str, cost, *, kv_tokens: int = 500_000,
 def served_part(window, refused):
     """``window`` without the requests of the ``refused`` mask (the rest in order)."""
     keep = ~np.asarray(refused, dtype=bool)
+    hashes = window.block_hashes
     return dataclasses.replace(window, **{f: getattr(window, f)[keep] for f in (
-        "arrival_s", "input_tokens", "output_tokens", "predicted_output_tokens", "deadline_s")})
+        "arrival_s", "input_tokens", "output_tokens", "predicted_output_tokens", "deadline_s")},
+        block_hashes=None if hashes is None else tuple(h for h, k in zip(hashes, keep) if k))
 
 
 def on_full_window(window, result, refused):

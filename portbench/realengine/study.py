@@ -155,8 +155,9 @@ def find_real_lambda_ref(window: Window, replay, *, lo: float, hi: float, steps:
 RUN_KEY = ("window_id", "policy", "repetition")
 #: Per-request arrays a backend's info may carry into the case's requests (vLLM: the loop's clock at
 #: ``add_request`` and the index of the first step that could schedule the request; NaN / -1 when
-#: refused). Absent from the files written before 2026-12.
-REQUEST_EXTRAS = ("submit_s", "submit_step")
+#: refused; with prefix caching on, the prompt tokens served from the cache at the first
+#: scheduling). Absent from the files written before 2026-12.
+REQUEST_EXTRAS = ("submit_s", "submit_step", "cached_tokens")
 #: What the host guard stores with every run.
 GUARD_COLUMNS = ("probe_before_s", "probe_after_s", "probe_ref_s", "drift", "attempt", "host_flagged")
 

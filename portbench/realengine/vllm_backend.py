@@ -37,7 +37,11 @@ A key policy without a vLLM form of its own runs through the key adapter
 Differences from the simulated policies: vLLM's admission is head-of-line (a waiting request that does
 not fit stops admission; the simulator's simple policies skip it and go on); vLLM preempts by
 recomputation when KV blocks run out; prefill costs real time. Prefix caching is off (the prompts
-are random; the traces carry no contents).
+are random; the study's traces carry no contents) unless ``enable_prefix_caching``: then the prompts
+are :func:`prefix_prompt` (the same tokens wherever the window's block hashes say the prompts
+share a prefix, as the engine models' caches see them), and each request's prompt tokens served
+from the cache at its first scheduling (vLLM's ``num_cached_tokens``) go to
+``info["cached_tokens"]``.
 """
 
 from __future__ import annotations
@@ -110,7 +114,7 @@ def get_engine(cfg: EngineConfig):
                   dtype=cfg.shape.dtype, seed=cfg.seed, scheduling_policy=cfg.scheduling_policy,
                   max_num_batched_tokens=cfg.max_num_batched_tokens, max_num_seqs=cfg.max_num_seqs,
                   enable_chunked_prefill=cfg.enable_chunked_prefill, max_model_len=cfg.max_model_len,
-                  enable_prefix_caching=False, enforce_eager=cfg.enforce_eager,
+                  enable_prefix_caching=cfg.enable_prefix_caching, enforce_eager=cfg.enforce_eager,
                   kv_cache_memory_bytes=int(cfg.kv_cache_gib * 2**30), disable_log_stats=True)
     if cfg.scheduler_cls:
         kwargs["scheduler_cls"] = cfg.scheduler_cls
@@ -272,7 +276,7 @@ def replay(window: Window, policy: str, *, shape: ModelShape = ModelShape(),
            kv_cache_gib: float = 1.0, seed: int = 0, enforce_eager: bool = True,
            slai_params: dict | None = None, max_wall_s: float | None = None,
            max_model_len: int | None = None, enable_chunked_prefill: bool | None = None,
-           max_in_flight: int | None = None):
+           max_in_flight: int | None = None, enable_prefix_caching: bool = False):
     """Replay ``window`` on vLLM under ``policy`` in real time; returns ``(RunResult, info)``.
 
     ``max_num_batched_tokens`` / ``max_num_seqs`` / ``enable_chunked_prefill`` default to the
@@ -284,13 +288,15 @@ def replay(window: Window, policy: str, *, shape: ModelShape = ModelShape(),
     ``kv_cache_gib`` sizes the KV cache (vLLM's ``kv_cache_memory_bytes``); ``seed`` draws the prompt
     ids and the weights; ``max_wall_s`` aborts what is unfinished after that many seconds (those
     requests count as not completed). ``slai_params`` go to
-    :meth:`SlaiScheduler.slai_configure` (``slai_faithful`` only).
+    :meth:`SlaiScheduler.slai_configure` (``slai_faithful`` only). ``enable_prefix_caching``: vLLM's
+    prefix cache on, with the prompts of :func:`prefix_prompt`.
     """
     spec = policy_spec(policy)
     cfg = engine_config(policy, shape=shape, max_num_batched_tokens=max_num_batched_tokens,
                         max_num_seqs=max_num_seqs, kv_cache_gib=kv_cache_gib, seed=seed,
                         enforce_eager=enforce_eager, max_model_len=max_model_len,
-                        enable_chunked_prefill=enable_chunked_prefill)
+                        enable_chunked_prefill=enable_chunked_prefill,
+                        enable_prefix_caching=enable_prefix_caching)
     if max_in_flight is not None and int(max_in_flight) < 1:
         raise ValueError(f"max_in_flight must be >= 1 (got {max_in_flight})")
     engine, built = get_engine(cfg)
@@ -311,7 +317,11 @@ def replay(window: Window, policy: str, *, shape: ModelShape = ModelShape(),
 
     n = len(window)
     rng = np.random.default_rng(seed)
-    prompts = [random_prompt(int(p), shape.vocab_size, rng) for p in window.input_tokens]
+    if enable_prefix_caching:
+        prompts = [prefix_prompt(window, i, shape.vocab_size, rng) for i in range(n)]
+    else:
+        prompts = [random_prompt(int(p), shape.vocab_size, rng) for p in window.input_tokens]
+    cached_tokens = np.zeros(n, dtype=np.int64)      # vLLM's num_cached_tokens (first scheduling)
     prio = priorities(window, policy)
     out_len = window.output_tokens.astype(np.int64)
     arrival = window.arrival_s.astype(np.float64)
@@ -391,6 +401,7 @@ def replay(window: Window, policy: str, *, shape: ModelShape = ModelShape(),
                 if o.finished:
                     finish[k] = te
                     n_finished += 1
+                    cached_tokens[k] = o.num_cached_tokens or 0
             steps["running"].append(len(sched.running) if sched is not None else -1)
             steps["waiting"].append(len(sched.waiting) if sched is not None else -1)
             if sched is not None:
@@ -427,7 +438,8 @@ def replay(window: Window, policy: str, *, shape: ModelShape = ModelShape(),
         "policy": policy, "policy_mapping": spec.description,
         "engine_config": {k: (dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v)
                           for k, v in vars(cfg).items()},
-        "kv_capacity_tokens": _kv_capacity_tokens(engine), "engine_build_s": built["build_s"],
+        "kv_capacity_tokens": _kv_capacity_tokens(engine), "block_size": getattr(sched, "block_size", None),
+        "engine_build_s": built["build_s"],
         "wall_s": wall_s, "busy_s": busy_s, "n_steps": n_steps,
         "mean_step_ms": 1e3 * busy_s / n_steps if n_steps else math.nan,
         "mean_schedule_ms": (1e3 * float(np.nanmean(steps["schedule_s"]))
@@ -436,6 +448,7 @@ def replay(window: Window, policy: str, *, shape: ModelShape = ModelShape(),
         "prompt_tokens": int(window.input_tokens[done].sum()),
         "completed": int(done.sum()), "submitted": submitted, "rejected": rejected,
         "submit_s": submit, "submit_step": submit_step, "max_in_flight": max_in_flight,
+        "cached_tokens": cached_tokens if enable_prefix_caching else None,
         "n_preemptions": result.n_preemptions, "steps": steps,
         "environment": environment(ENGINE, vllm.__version__, shape, _device()),
     }
@@ -446,6 +459,21 @@ def replay(window: Window, policy: str, *, shape: ModelShape = ModelShape(),
         else:
             info["scheduler_stats"], info["scheduler_gaps"] = dict(getattr(sched, "stats", {})), gaps
     return result, info
+
+
+def prefix_prompt(window: Window, i: int, vocab_size: int, rng: np.random.Generator) -> list[int]:
+    """Request ``i``'s prompt for a replay with prefix caching: the token ids of
+    :func:`portbench.engine.prefix.prompt_token_ids` (a function of the window's block hashes, where
+    it has them; random past them), folded into the model's vocabulary (``3 + (id - 3) % (vocab -
+    3)``: equal ids stay equal, so prompts share exactly the blocks the engine models share, but
+    for a collision of whole 16-token blocks, one in ``(vocab - 3)**16``)."""
+    from ..engine import prefix
+
+    hashes = window.block_hashes
+    span = int(window.meta["block_tokens"]) if hashes is not None else 1
+    ids = np.asarray(prefix.prompt_token_ids(int(window.input_tokens[i]), None if hashes is None else hashes[i],
+                                             span, rng), dtype=np.int64)
+    return (3 + (ids - 3) % (int(vocab_size) - 3)).tolist()
 
 
 def probe(policy: str = "fifo", *, warmup: int = PROBE_WARMUP, repeats: int = PROBE_REPEATS,

@@ -271,18 +271,21 @@ class EngineConfig:
     kv_cache_gib: float
     seed: int
     enforce_eager: bool
+    enable_prefix_caching: bool = False
 
 
 def engine_config(policy: str, *, shape: ModelShape = ModelShape(), max_num_batched_tokens=None,
                   max_num_seqs=None, kv_cache_gib: float = 1.0, seed: int = 0,
                   enforce_eager: bool = True, max_model_len: int | None = None,
-                  enable_chunked_prefill: bool | None = None) -> EngineConfig:
+                  enable_chunked_prefill: bool | None = None,
+                  enable_prefix_caching: bool = False) -> EngineConfig:
     """The engine ``policy`` runs on. ``max_num_batched_tokens``, ``max_num_seqs`` and
     ``enable_chunked_prefill`` default to the policy's (:data:`POLICIES`); ``max_model_len`` defaults
     to the model's context (32,768) with chunked prefill and to the token budget without it (vLLM v1
     requires ``max_model_len <= max_num_batched_tokens`` then). An explicit ``max_model_len`` (the
     same admission limit for every policy of a case) must respect that rule: a ``ValueError`` says
-    so here rather than from inside vLLM."""
+    so here rather than from inside vLLM. ``enable_prefix_caching``: vLLM's automatic prefix caching
+    (off unless asked: the study's real engine ran without it)."""
     spec = policy_spec(policy)
     budget = int(max_num_batched_tokens or spec.max_num_batched_tokens)
     chunked = spec.enable_chunked_prefill if enable_chunked_prefill is None else bool(enable_chunked_prefill)
@@ -300,4 +303,4 @@ def engine_config(policy: str, *, shape: ModelShape = ModelShape(), max_num_batc
     return EngineConfig(shape, spec.scheduling_policy, budget,
                         int(max_num_seqs or spec.max_num_seqs), chunked,
                         max_len, spec.scheduler_cls, float(kv_cache_gib), int(seed),
-                        bool(enforce_eager))
+                        bool(enforce_eager), bool(enable_prefix_caching))
