@@ -18,8 +18,8 @@ What runs (fixed before any run, not tuned to its outcome):
 - **Load**: each block at ``PRE_KNEE`` (0.8 ×) of its λ_ref under the ``vllm_v1`` model with the
   cache off (the same limits, the default CPU step cost); the same arrivals with the cache on.
 - **Runs**: two repetitions of each (block, cache) pair, each between host probes and re-run while
-  they drift (:func:`portbench.realengine.study.run_case`); the cases ``vllm_cpu_rq9_cache_off`` and
-  ``vllm_cpu_rq9_cache_on`` in ``data/results/realengine/``, written after every run, interleaved
+  they drift (:func:`portbench.realengine.study.run_case`); the cases ``vllm_cpu_rq9_cache_off_case`` and
+  ``vllm_cpu_rq9_cache_on_case`` in ``data/results/realengine/``, written after every run, interleaved
   block by block so that both see the same host.
 
 The comparison (printed, and written to ``vllm_cpu_rq9_summary.csv`` there): the ``vllm_v1`` model
@@ -60,7 +60,7 @@ REGION = "PRE_KNEE"
 POLICY = "fifo"
 ENGINE = {"max_num_batched_tokens": 2048, "max_num_seqs": 64, "kv_cache_gib": 0.25,
           "max_model_len": MAX_MODEL_LEN}
-TAGS = {False: "vllm_cpu_rq9_cache_off", True: "vllm_cpu_rq9_cache_on"}
+TAGS = {False: "vllm_cpu_rq9_cache_off_case", True: "vllm_cpu_rq9_cache_on_case"}
 SUMMARY = "vllm_cpu_rq9_summary.csv"
 
 
@@ -165,7 +165,7 @@ def compare(blocks) -> pd.DataFrame:
     rows = []
     means = {}
     for cache, tag in TAGS.items():
-        case = results.Case(tag + results.CASE_SUFFIX)
+        case = results.Case(tag)
         if not case.has("runs"):
             print(f"{tag}: no runs yet")
             return pd.DataFrame()
@@ -191,9 +191,12 @@ def compare(blocks) -> pd.DataFrame:
         hit_sim = per_block["hit_tokens_run"].sum() / sim.loc[~sim["refused"], "input_tokens"].sum()
         rows.append({"cache": "on" if cache else "off", "measure": "prompt tokens from the cache",
                      "sim_vs_real": hit_sim, "real_vs_real": hit_real, "ratio": np.nan})
-        rows.append({"cache": "on" if cache else "off", "measure": "preemptions (model; real)",
+        rows.append({"cache": "on" if cache else "off", "measure": "preemptions (model; real, per repetition)",
                      "sim_vs_real": float(per_block["preemptions_run"].sum()),
-                     "real_vs_real": float(case.runs["n_preemptions"].sum()), "ratio": np.nan})
+                     "real_vs_real": float(case.runs["n_preemptions"].sum()) / len(reps), "ratio": np.nan})
+        rows.append({"cache": "on" if cache else "off", "measure": "runs (real; host-flagged)",
+                     "sim_vs_real": float(len(case.runs)),
+                     "real_vs_real": float(case.runs["host_flagged"].sum()), "ratio": np.nan})
         sim_served = sim[~sim["refused"]]
         means[cache] = {
             "sim": {m: float((sim_served[k] - sim_served["arrival_s"]).mean()) for m, k in

@@ -344,12 +344,18 @@ if real is not None and len(real):
     for m in ("e2e", "ttft"):
         row = cell.loc[("on vs off", f"mean {m} change")]
         glue(f"rq9_real_{m}_change_real", f"{row['real_vs_real']:+.1%}", display=False)
-        glue(f"rq9_real_{m}_change_real_reps", row["real_by_repetition"], display=False)
+        glue(f"rq9_real_{m}_change_real_reps",
+             present.join([f"{float(x):+.1%}" for x in str(row["real_by_repetition"]).split(";")]), display=False)
         glue(f"rq9_real_{m}_change_model", f"{row['sim_vs_real']:+.1%}", display=False)
+        reps = [float(x) for x in str(row["real_by_repetition"]).split(";")]
+        gap = max(min(reps) - row["sim_vs_real"], row["sim_vs_real"] - max(reps), 0.0)
+        glue(f"rq9_real_{m}_agreement", "between the repetitions' own" if gap == 0 else
+             f"{100 * gap:.1f} points outside the repetitions' range", display=False)
     for c in ("off", "on"):
         row = cell.loc[(c, "e2e error median")]
         glue(f"rq9_real_e2e_err_{c}", present.pct(row["sim_vs_real"], 1), display=False)
         glue(f"rq9_real_e2e_floor_{c}", present.pct(row["real_vs_real"], 1), display=False)
+        glue(f"rq9_real_e2e_ratio_{c}", present.num(row["ratio"], 1), display=False)
     shown = real.drop(columns=["real_by_repetition"], errors="ignore").rename(columns={
         "sim_vs_real": "model (or model vs real)", "real_vs_real": "real (or real vs real)",
         "ratio": "ratio"})
@@ -358,7 +364,8 @@ else:
         glue(f"rq9_real_{k}", 0, display=False)
     for k in ("hits_real", "hits_model", "e2e_change_real", "e2e_change_real_reps", "e2e_change_model",
               "ttft_change_real", "ttft_change_real_reps", "ttft_change_model", "e2e_err_off",
-              "e2e_floor_off", "e2e_err_on", "e2e_floor_on"):
+              "e2e_floor_off", "e2e_err_on", "e2e_floor_on", "e2e_ratio_off", "e2e_ratio_on",
+              "e2e_agreement", "ttft_agreement"):
         glue(f"rq9_real_{k}", "not run", display=False)
     shown = pd.DataFrame()
 present.table(shown, digits=3) if len(shown) else None
@@ -373,7 +380,14 @@ present.table(shown, digits=3) if len(shown) else None
 # against {glue:text}`rq9_real_ttft_change_model:s`. The model's median per-request E2E error is
 # {glue:text}`rq9_real_e2e_err_off:s` with the cache off and {glue:text}`rq9_real_e2e_err_on:s` with it
 # on, against the real engine's own {glue:text}`rq9_real_e2e_floor_off:s` and
-# {glue:text}`rq9_real_e2e_floor_on:s`.
+# {glue:text}`rq9_real_e2e_floor_on:s` (ratios {glue:text}`rq9_real_e2e_ratio_off:s` and
+# {glue:text}`rq9_real_e2e_ratio_on:s`). The cache's mechanics carry over: vLLM and the model serve
+# about the same share of the prompts from the cache, and the model's E2E saving is
+# {glue:text}`rq9_real_e2e_agreement:s` (TTFT: {glue:text}`rq9_real_ttft_agreement:s`). The timing
+# of single requests carries over less well: on these long prompts (up to 16,384 tokens) the model's
+# per-request error is above the real engine's run-to-run difference, where on the study's short
+# prompts it was at that floor (the fidelity chapter); its step cost, linear in the context and
+# fitted on two other windows, does not follow attention over long contexts on this CPU closely.
 #
 # ## Limits
 #

@@ -39,7 +39,8 @@ not fit stops admission; the simulator's simple policies skip it and go on); vLL
 recomputation when KV blocks run out; prefill costs real time. Prefix caching is off (the prompts
 are random; the study's traces carry no contents) unless ``enable_prefix_caching``: then the prompts
 are :func:`prefix_prompt` (the same tokens wherever the window's block hashes say the prompts
-share a prefix, as the engine models' caches see them), and each request's prompt tokens served
+share a prefix, as the engine models' caches see them), the cache is emptied before each replay,
+and each request's prompt tokens served
 from the cache at its first scheduling (vLLM's ``num_cached_tokens``) go to
 ``info["cached_tokens"]``.
 """
@@ -307,6 +308,10 @@ def replay(window: Window, policy: str, *, shape: ModelShape = ModelShape(),
 
     sched = _scheduler(engine)
     instrument_scheduler(sched)
+    # An engine is reused between replays: with the cache on, each replay starts from an empty cache
+    # (not from the blocks of the replay before, a repetition of the same prompts included).
+    if cfg.enable_prefix_caching and not engine.reset_prefix_cache():
+        raise RuntimeError("vLLM could not empty its prefix cache before the replay (blocks in use)")
     if spec.scheduler_cls and (sched is None or f"{type(sched).__module__}.{type(sched).__qualname__}"
                                != spec.scheduler_cls):
         raise RuntimeError(f"the scheduler {spec.scheduler_cls} is not reachable in this process")
