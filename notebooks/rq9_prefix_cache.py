@@ -368,9 +368,37 @@ else:
               "e2e_agreement", "ttft_agreement"):
         glue(f"rq9_real_{k}", "not run", display=False)
     shown = pd.DataFrame()
+fig, ax = plt.subplots(figsize=(6, 2.6))
+if len(shown):
+    for k, m in enumerate(("e2e", "ttft")):
+        row = cell.loc[("on vs off", f"mean {m} change")]
+        reps = [float(x) for x in str(row["real_by_repetition"]).split(";")]
+        xs = k + 0.15 * (np.arange(len(reps)) - len(reps))      # the repetitions, then the model at k
+        ax.bar(xs, reps, width=0.14, color="tab:blue", label="vLLM, a repetition" if k == 0 else None)
+        ax.bar(k, row["sim_vs_real"], width=0.14, color="tab:orange",
+               label="vllm_v1 model" if k == 0 else None)
+    ax.set_xticks([-0.15, 0.85], ["mean E2E", "mean TTFT"])
+    ax.axhline(0, color="k", lw=0.6)
+    ax.yaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:+.0%}"))
+    ax.set_ylabel("cache on vs off")
+    ax.legend(fontsize=8, frameon=False)
+else:
+    ax.text(0.5, 0.5, "no real-engine runs (benchmarks/rq9_vllm_cpu.py)", ha="center", va="center")
+    ax.set_axis_off()
+fig.tight_layout()
+present.figure("rq9_real_effect", fig, output_dir, "rq9_real_effect.png")
 present.table(shown, digits=3) if len(shown) else None
 
 # %% [markdown]
+# :::{glue:figure} rq9_real_effect
+# :name: fig-rq9-real-effect
+# :alt: Bars of the change in mean E2E latency and mean TTFT when vLLM's prefix cache is turned on: one bar per real repetition and one for the engine model's prediction, all negative.
+#
+# **The cache's effect on the real engine and in the model**: mean E2E and TTFT with the cache on
+# relative to off, over the same requests, for each real repetition (blue) and the `vllm_v1`
+# model's prediction (orange).
+# :::
+#
 # vLLM serves {glue:text}`rq9_real_hits_real:s` of the served prompt tokens from its cache (at each
 # request's first scheduling); the model's cache, {glue:text}`rq9_real_hits_model:s` (over its
 # admissions). With the cache on, the mean E2E changes by {glue:text}`rq9_real_e2e_change_real:s` on
