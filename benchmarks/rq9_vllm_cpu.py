@@ -22,7 +22,7 @@ What runs (fixed before any run, not tuned to its outcome):
   ``vllm_cpu_rq9_cache_on_case`` in ``data/results/realengine/``, written after every run, interleaved
   block by block so that both see the same host.
 
-The comparison (printed, and written to ``vllm_cpu_rq9_summary.csv`` there): the ``vllm_v1`` model
+The comparison (printed, and written to ``data/results/rq9_vllm_cpu_summary.csv``): the ``vllm_v1`` model
 with the cache off and on, the real runs' limits, KV blocks (the engine's block size and capacity)
 and a step cost fitted on the real steps of the *other* blocks (``rich``, cross-validated by
 block), on the same scaled requests; per request the E2E and TTFT error against each real run
@@ -61,7 +61,6 @@ POLICY = "fifo"
 ENGINE = {"max_num_batched_tokens": 2048, "max_num_seqs": 64, "kv_cache_gib": 0.25,
           "max_model_len": MAX_MODEL_LEN}
 TAGS = {False: "vllm_cpu_rq9_cache_off_case", True: "vllm_cpu_rq9_cache_on_case"}
-SUMMARY = "vllm_cpu_rq9_summary.csv"
 
 
 def refused(w) -> np.ndarray:
@@ -243,7 +242,7 @@ def main(argv=None) -> int:
     if len(table):
         pd.set_option("display.width", 160)
         print(table.to_string(index=False, float_format=lambda x: f"{x:.4f}"))
-        path = results.realengine_dir() / SUMMARY
+        path = results.rq9_real_check_path()
         store.atomic_write(path, lambda p: table.to_csv(p, index=False))
         print(f"wrote {path}")
     return 0

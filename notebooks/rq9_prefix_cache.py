@@ -330,7 +330,7 @@ else:
 # same requests).
 
 # %%
-real_path = results.realengine_dir() / "vllm_cpu_rq9_summary.csv"
+real_path = results.rq9_real_check_path()
 real = pd.read_csv(real_path) if real_path.exists() else None
 if real is not None and len(real):
     cell = real.set_index(["cache", "measure"])

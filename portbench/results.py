@@ -95,6 +95,13 @@ def native_prefix_check_path(data_dir: Path | None = None) -> Path:
     return results_dir(data_dir) / "native_vs_model_prefix.csv"
 
 
+def rq9_real_check_path(data_dir: Path | None = None) -> Path:
+    """RQ9's real-engine check: vLLM's prefix cache off and on beside the ``vllm_v1`` model, one row
+    per (cache, measure): ``rq9_vllm_cpu_summary.csv`` (``benchmarks/rq9_vllm_cpu.py``; its runs are
+    the cases ``realengine/vllm_cpu_rq9_cache_{off,on}_case``)."""
+    return results_dir(data_dir) / "rq9_vllm_cpu_summary.csv"
+
+
 def custom_engines_path(data_dir: Path | None = None) -> Path:
     """The "Add your own scheduler" chapter's policy and a panel on three engine models, one row per
     (engine model, window, region, policy): ``custom_policy_engines.csv``
