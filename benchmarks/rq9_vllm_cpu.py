@@ -64,9 +64,10 @@ TAGS = {False: "vllm_cpu_rq9_cache_off_case", True: "vllm_cpu_rq9_cache_on_case"
 
 
 def refused(w) -> np.ndarray:
-    """The requests both engines refuse: prompt + output above ``max_model_len`` (the replay's rule,
-    :func:`portbench.fidelity.counterpart.real_refused`)."""
-    return (w.input_tokens.astype(np.int64) + w.output_tokens.astype(np.int64)) > MAX_MODEL_LEN
+    """The requests both engines refuse: prompt + output above ``max_model_len`` (the replay's rule)."""
+    from portbench.fidelity.counterpart import real_refused
+
+    return real_refused(w, MAX_MODEL_LEN)
 
 
 def shared_share(w) -> float:
@@ -83,9 +84,13 @@ def shared_share(w) -> float:
     return shared / total if total else 0.0
 
 
+def first_block(window_id: str):
+    """The first ``SIZE`` requests of the source's window ``window_id``, at the base SLO."""
+    return sub_windows(with_slo(store.load_window(window_id), BASE_SLO_MULTIPLIER), SIZE)[0]
+
+
 def chosen_blocks(k: int) -> list:
-    blocks = [sub_windows(with_slo(store.load_window(wid), BASE_SLO_MULTIPLIER), SIZE)[0]
-              for wid in rq9.source_window_ids()]
+    blocks = [first_block(wid) for wid in rq9.source_window_ids()]
     ranked = sorted(blocks, key=lambda w: (-shared_share(w), w.window_id))
     return ranked[:k]
 
@@ -220,10 +225,11 @@ def main(argv=None) -> int:
     ap.add_argument("--budget-s", type=float, help="stop starting runs after this many seconds")
     ap.add_argument("--run-only", metavar="LAMBDAS_JSON", help=argparse.SUPPRESS)   # the child
     args = ap.parse_args(argv)
-    blocks = chosen_blocks(args.windows)
-    if args.run_only:
-        run(blocks, json.loads(args.run_only), args.budget_s)
+    if args.run_only:           # the blocks are the parent's choice, in its order: their λ_ref keys
+        lambdas = json.loads(args.run_only)
+        run([first_block(wid.rsplit(f"_n{SIZE}_", 1)[0]) for wid in lambdas], lambdas, args.budget_s)
         return 0
+    blocks = chosen_blocks(args.windows)
     for w in blocks:
         print(f"{w.window_id}: {int((~refused(w)).sum())} of {len(w)} requests served, "
               f"{shared_share(w):.1%} of their prompt tokens shared with an earlier one")
@@ -234,7 +240,7 @@ def main(argv=None) -> int:
             raise SystemExit("vLLM is not installed here: `make setup-vllm`, then run this with "
                              ".venv-vllm/bin/python")
         lambdas = {w.window_id: lambda_entry(w) for w in blocks}
-        child = [sys.executable, __file__, "--windows", str(args.windows), "--run-only", json.dumps(lambdas)]
+        child = [sys.executable, __file__, "--run-only", json.dumps(lambdas)]
         if args.budget_s is not None:
             child += ["--budget-s", str(args.budget_s)]
         subprocess.run(child, check=True)

@@ -15,7 +15,7 @@ multiple of the configuration's own λ_ref), so its regions are loads *it* finds
 from __future__ import annotations
 
 from . import store
-from .campaign import CampaignConfig, load_results, run_campaign
+from .campaign import CampaignConfig, load_results
 from .policies import STUDY_POLICIES
 from .workload import BASE_SLO_MULTIPLIER
 
