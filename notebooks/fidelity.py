@@ -37,7 +37,8 @@ slow_step_ratio = 1.8      # a run whose real steps take this many times the cos
 #
 # The study's simulator (`lssp`) has free prefill and fixed 1 ms steps. portbench adds a second engine
 # model, `vllm_v1`: vLLM v1's step (token budget, chunked prefill, running requests first, head-of-line
-# admission, 16-token KV blocks, recompute preemption of the newest) with a step time from a cost model
+# admission, 16-token KV blocks, recompute preemption of the newest admission, or of the lowest priority
+# for the policies vLLM runs on its priority scheduling) with a step time from a cost model
 # (fixed + per prefill token + per decoding sequence + per context token, plus a gap between steps),
 # fitted here to a step profile measured on the real vLLM engine. Three questions:
 #

@@ -37,7 +37,9 @@ from .workload import (BASE_SLO_MULTIPLIER, PREDICTION_RELATIVE_ERROR, Window, c
                        scale, with_prediction_error, with_slo)
 
 #: Modules whose source decides a cell's numbers; their hash is part of every cache key.
-_RESULT_MODULES = ("engine", "workload.py", "metrics.py", "regions.py", "policies")
+#: (``realengine/vllm_settings.py``: a policy's vLLM scheduling decides ``vllm_v1``'s preemption victims)
+_RESULT_MODULES = ("engine", "workload.py", "metrics.py", "regions.py", "policies", "realengine/__init__.py",
+                   "realengine/vllm_settings.py")
 
 IDENTITY_COLUMNS = ["source", "window_id", "region", "region_factor", "lambda_ref", "load_factor",
                     "policy", "slo_multiplier", "prediction_error", "engine_model"]

@@ -101,10 +101,14 @@ def test_a_policy_vllm_cannot_run_names_the_supported_ones():
 def test_priorities_follow_the_study_keys():
     w = burst_window()
     assert vb.priorities(w, "fifo") == [0] * len(w)
+    # a key on fixed data: each request's rank in the simulator's order, ties included
     edf = vb.priorities(w, "edf")
     assert edf == sorted(edf, reverse=True)                   # later index = earlier deadline
+    assert sorted(edf) == list(range(len(w)))
     est = vb.priorities(w, "estimated_service_time_first")
-    assert est == [int(p) + 2 * int(o) for p, o in zip(w.input_tokens, w.predicted_output_tokens)]
+    assert sorted(est) == list(range(len(w)))
+    by_key = np.lexsort((np.arange(len(w)), w.deadline_s, w.input_tokens / 2 + w.predicted_output_tokens))
+    assert np.argsort(est).tolist() == by_key.tolist()
 
 
 @pytest.mark.parametrize("name", ["fifo_rand", "fifo_burst", "edf_burst", "slai_rand", "slai_burst"])

@@ -209,14 +209,30 @@ def test_the_long_prefill_cap_is_lifted_for_a_lone_request_as_in_vllm(vllm):
     assert first_difference(tiny([0, 0], [600, 10], [2, 2]), "fifo", {"long_prefill_token_threshold": 256}) is None
 
 
-def test_vllms_priority_policy_preempts_the_lowest_priority(vllm):
+@pytest.mark.parametrize("reserve_full_isl", [True, False])
+def test_vllms_priority_policy_preempts_the_lowest_priority_and_so_does_vllm_v1(vllm, reserve_full_isl):
     # 4 blocks. Request 1 (earlier deadline) is admitted after request 0 and needs a third block
-    # when none is free: vLLM preempts request 0 (lowest priority); vllm_v1's victim would be the
-    # newest admission, request 1 itself, so it skips it.
+    # when none is free: vLLM's priority scheduling (edf's form) preempts request 0, the lowest
+    # priority, though it was scheduled already in the step; vllm_v1 too (its victim used to be the
+    # newest admission, request 1 itself).
+    from portbench.engine.vllm_v1 import VllmV1Model
+
     w = tiny([0, 0.001], [16, 30], [40, 20])
-    cls, detail = first_difference(w, "edf", {"max_kv_tokens": 64, "max_num_batched_tokens": 64,
-                                              "max_active_sequences": 8}, {"reserve_full_isl": False})
-    assert cls == "preemption_victim" and detail.endswith("vLLM [0]")
+    shared = {"max_kv_tokens": 64, "max_num_batched_tokens": 64, "max_active_sequences": 8,
+              "reserve_full_isl": reserve_full_isl}
+    _, ns = nat.record_native_steps(w, make_policy("edf"), nat.VllmNativeModel(**shared))
+    assert [i for s in ns for i in s.preempted][:1] == [0]
+    assert simulate(w, make_policy("edf"), VllmV1Model(**shared)).n_preemptions > 0
+    assert first_difference(w, "edf", shared) is None
+
+
+def test_a_priority_victim_already_scheduled_gives_back_its_tokens_as_in_vllm(vllm):
+    # tests/test_engine_v1_priority_victim.py's hand-worked window: request 0 (late deadline) is
+    # scheduled first in the step in which request 1 cannot grow; both engines preempt request 0.
+    w = make_window("t", "test", [0.0, 0.5e-3], [15, 15], [10, 10], [1000, 1])
+    shared = {"max_kv_tokens": 48, "max_num_batched_tokens": 2048, "max_active_sequences": 4}
+    for policy in ("edf", "fifo"):
+        assert first_difference(w, policy, shared) is None
 
 
 def test_vllm_v1_has_no_eviction_by_a_waiting_request(vllm):

@@ -567,11 +567,15 @@ CLASSES = {
                         "vLLM v1 preempts only when a running request cannot grow",
     "preemption_victim": "another victim: vLLM's priority policy preempts the running request of "
                          "lowest priority (latest arrival), vllm_v1 the newest admission (or, when "
-                         "that is the request itself, none)",
+                         "that is the request itself, none) (vllm_v1 has vLLM's rule since "
+                         "2026-12-05)",
     "preemption_count": "one engine preempts more requests than the other",
     "preempted_queue_position": "a preempted request goes back into vLLM's priority queue by its "
-                                "priority; into vllm_v1's at the front",
-    "tie_order": "two requests of equal priority admitted in another order",
+                                "priority; into vllm_v1's at the front (vllm_v1 puts it at its "
+                                "arrival's place under priority scheduling since 2026-12-05)",
+    "tie_order": "two requests of equal vLLM priority admitted in another order: vLLM's priority is an "
+                 "integer (a deadline in microseconds), so keys closer than that tie there and go by "
+                 "arrival, while vllm_v1 orders by the policy's exact key",
     "cache_hit": "prefix caching: a request admitted in both with another hit (tokens computed at "
                  "admission), or an admission in one only of a request with a hit (blocks cached, "
                  "evicted or counted otherwise)",

@@ -11,8 +11,10 @@ vLLM v1's scheduler does (see ``VLLM_V1_SEMANTICS`` in the project's spec):
   is admitted in a step that preempted;
 - a **block-granular KV cache** (16-token blocks); a running request that cannot get a block for its
   new tokens **preempts the most recently admitted** running request (recompute: its KV is dropped,
-  its emitted tokens stay emitted, prompt + emitted tokens are prefilled again on resumption); a
-  request that would have to preempt itself is skipped, and so is every later running request;
+  its emitted tokens stay emitted, prompt + emitted tokens are prefilled again on resumption) — or,
+  for a policy that vLLM runs on its ``priority`` scheduling (``edf``, ``vllm_priority``, ...), the
+  running request of **largest (priority, arrival)**, given back its tokens if already scheduled in
+  the step; a request that preempts itself is skipped, and so is every later running request;
 - the **first token** comes at the end of the step that completes the prompt; a request leaves at the
   end of the step that emits its last token;
 - the **step time** is ``fixed + per_prefill_token · P + per_decode_seq · D + per_context_token · C``
@@ -47,6 +49,7 @@ step code but asks the policy at every step and jumps nowhere.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import functools
 import heapq
@@ -61,6 +64,7 @@ from .api import (NEVER, Decision, EngineView, Policy, PolicyContractError, RunR
 from . import blockpool
 from .reqtable import BLOCKS, COMPUTED, DECODED, FINISH, FIRST, INP, OUT, TARGET
 from .stepcost import PS, StepCost
+from ..realengine.vllm_settings import scheduling_priorities
 
 _TIMER_MARGIN_PS = 10 ** 6      # a clock timer fires up to a microsecond early (float round-off)
 _MAX_STRETCH = 1 << 40          # no other bound on a stretch's length than its events
@@ -117,9 +121,17 @@ class VllmV1Model:
     then needs every prompt within ``max_num_batched_tokens``: a longer one is refused when the
     engine is built). Running requests are untouched by it, as in vLLM.
 
-    Preemption is vLLM v1's FCFS rule: a running request that cannot get its blocks preempts the
-    last running request, itself included (it then waits again at the queue's head, and the running
-    phase ends).
+    Preemption is vLLM v1's: a running request that cannot get its blocks preempts, until they fit
+    or it has preempted itself (the running phase then ends), the victim vLLM would choose for the
+    policy. A policy that runs on vLLM's FCFS scheduling (``fifo``, the key adapter, a policy with no
+    vLLM form) preempts the last running request, and the victim waits again at the queue's head. A
+    policy that runs on vLLM's ``priority`` scheduling
+    (:func:`~portbench.realengine.vllm_settings.scheduling_priorities`: ``edf``,
+    ``estimated_service_time_first``, ``least_laxity_first``, ``slai_faithful``, ``vllm_priority``,
+    a key policy with ``evict = True``) preempts the running request of largest (priority, arrival),
+    with its vLLM priority, even one already scheduled in the step (its tokens go back to the
+    budget); the victim waits again at its arrival's place in the queue (vLLM's waiting heap is on
+    (priority, arrival), so a key's ties fall in arrival order there too).
 
     ``enable_prefix_caching`` (off by default; vLLM turns it on by default, the study's real engine
     ran with it off): vLLM's automatic prefix caching over the same ``max_kv_tokens // block_size``
@@ -200,40 +212,61 @@ def _no_pool():
 
 
 @numba.njit(cache=True)
-def _schedule_running(run, hold, held, st, sched, budget, free, bs, thr):
+def _schedule_running(run, hold, held, st, sched, budget, free, bs, thr, prio, arr, victims):
     """The running phase without a prefix cache (see :func:`_running_phase`)."""
-    return _running_phase(run, hold, held, st, sched, budget, free, bs, thr, blockpool.views(_no_pool()), False)
+    return _running_phase(run, hold, held, st, sched, budget, free, bs, thr, prio, arr, victims,
+                          blockpool.views(_no_pool()), False)
 
 
 @numba.njit(cache=True)
-def _schedule_running_cached(run, hold, held, st, sched, budget, free, bs, thr, pool):
+def _schedule_running_cached(run, hold, held, st, sched, budget, free, bs, thr, prio, arr, victims, pool):
     """The running phase with the prefix cache's block pool (see :func:`_running_phase`)."""
-    return _running_phase(run, hold, held, st, sched, budget, free, bs, thr, blockpool.views(pool), True)
+    return _running_phase(run, hold, held, st, sched, budget, free, bs, thr, prio, arr, victims,
+                          blockpool.views(pool), True)
 
 
 @numba.njit(cache=True)
-def _running_phase(run, hold, held, st, sched, budget, free, bs, thr, pool, cached):
+def _victim(run, n_run, prio, arr):
+    """The index in ``run[:n_run]`` of the request vLLM preempts: under FCFS (``prio`` empty) the
+    last; under priority scheduling the largest (priority, arrival), the first of equals (Python's
+    ``max`` over vLLM's running list)."""
+    if prio.shape[0] == 0:
+        return n_run - 1
+    vi = 0
+    for j in range(1, n_run):
+        a, b = run[j], run[vi]
+        if prio[a] > prio[b] or (prio[a] == prio[b] and arr[a] > arr[b]):
+            vi = j
+    return vi
+
+
+@numba.njit(cache=True)
+def _running_phase(run, hold, held, st, sched, budget, free, bs, thr, prio, arr, victims, pool, cached):
     """vLLM's running phase: each running request in order gets ``min(left, budget)`` tokens and the
-    blocks for them; one that cannot get its blocks preempts from the end of ``run`` (recompute: its
-    blocks are freed, its KV dropped, its target reset) until they fit or it has preempted itself,
-    which ends the phase (vLLM v1's FCFS rule: the victim is the last running request, whoever it
-    is; its preempted requests are the tail ``run[n_run:]``).
+    blocks for them; one that cannot get its blocks preempts (recompute: the victim's blocks are
+    freed, its KV dropped, its target reset) until they fit or it has preempted itself, which ends
+    the phase. The victim (:func:`_victim`): under FCFS (``prio`` empty) the last running request,
+    whoever it is; under priority scheduling (``prio``: each request's vLLM priority, ``arr``: its
+    arrival) the running request of largest (priority, arrival), and when it was already scheduled
+    this step, its tokens go back to the budget (vLLM v1's two rules).
     With ``cached`` (prefix caching), blocks come from and go back to ``pool`` (see
     :mod:`portbench.engine.blockpool`), and a full block is cached when scheduled.
     A prefill computes at most ``thr`` tokens a step (0: no cap). The requests in ``hold`` are
     passed over (``held``, all False, is the scratch table for that); an id in ``hold`` outside the
-    table returns -1 requests walked, and nothing is done.
+    table returns -1 requests walked, and nothing is done. ``run`` is left with the requests still
+    running first, in their order.
 
-    Writes (request, new tokens) rows into ``sched``. Returns (requests walked, running requests left
-    after preemption, rows written, budget, free blocks, prefill tokens, decodes, context tokens, KV
-    tokens dropped)."""
+    Writes (request, new tokens) rows into ``sched`` and the preempted requests, in the order of
+    their preemption, into ``victims``. Returns (requests walked, running requests left, rows
+    written, budget, free blocks, prefill tokens, decodes, context tokens, KV tokens dropped,
+    requests preempted)."""
     for i in hold:
         if i < 0 or i >= held.shape[0]:
-            return -1, 0, 0, 0, 0, 0, 0, 0, 0
+            return -1, 0, 0, 0, 0, 0, 0, 0, 0, 0
     for i in hold:
         held[i] = True
     n_run = run.shape[0]
-    k = m = prefill = decodes = context = dropped = 0
+    k = m = prefill = decodes = context = dropped = nv = 0
     while k < n_run and budget > 0:
         i = run[k]
         if held[i]:
@@ -247,8 +280,29 @@ def _running_phase(run, hold, held, st, sched, budget, free, bs, thr, pool, cach
         need = -(-(c + n_new) // bs) - st[i, BLOCKS]
         stuck = False
         while need > free:
-            v = run[n_run - 1]
+            vi = _victim(run, n_run, prio, arr)
+            v = run[vi]
+            for j in range(vi, n_run - 1):
+                run[j] = run[j + 1]
             n_run -= 1
+            run[n_run] = v
+            if vi < k:                            # walked already
+                k -= 1
+                if not held[v]:                   # and scheduled: its tokens go back
+                    r = 0
+                    while sched[r, 0] != v:
+                        r += 1
+                    back = sched[r, 1]
+                    for j in range(r, m - 1):
+                        sched[j, 0] = sched[j + 1, 0]
+                        sched[j, 1] = sched[j + 1, 1]
+                    m -= 1
+                    budget += back
+                    if st[v, TARGET] - st[v, COMPUTED] > 1 or st[v, DECODED] == 0:
+                        prefill -= back
+                    else:
+                        decodes -= 1
+                    context -= st[v, COMPUTED]
             if cached:
                 free += blockpool.release(pool, st, v)
             else:
@@ -257,6 +311,8 @@ def _running_phase(run, hold, held, st, sched, budget, free, bs, thr, pool, cach
             dropped += st[v, COMPUTED]
             st[v, COMPUTED] = 0
             st[v, TARGET] = st[v, INP] + st[v, DECODED]
+            victims[nv] = v
+            nv += 1
             if v == i:
                 stuck = True
                 break
@@ -280,7 +336,7 @@ def _running_phase(run, hold, held, st, sched, budget, free, bs, thr, pool, cach
         k += 1
     for i in hold:
         held[i] = False
-    return k, n_run, m, budget, free, prefill, decodes, context, dropped
+    return k, n_run, m, budget, free, prefill, decodes, context, dropped, nv
 
 
 @numba.njit(cache=True)
@@ -452,6 +508,12 @@ class _V1Engine:
         # scratch rows for one step: at most max_active_sequences requests run in it
         self._sched = np.zeros((model.max_active_sequences + 1, 2), dtype=np.int64)
         self._finished = np.zeros(model.max_active_sequences + 1, dtype=np.int64)
+        self._victims = np.zeros(model.max_active_sequences + 1, dtype=np.int64)
+        # preemption victims as vLLM chooses them for this policy: under FCFS the newest admission
+        # (an empty table), under priority scheduling the largest (priority, arrival)
+        prio = scheduling_priorities(window, policy.name) if n else None
+        self._victim_prio = _NO_HOLD if prio is None else prio
+        self._arrival_arr = np.asarray(self.arrival_ps, dtype=np.int64)
 
     # the view's interface
     def kv_used(self) -> int:
@@ -494,9 +556,17 @@ class _V1Engine:
         self._requeue(i)
 
     def _requeue(self, i: int) -> None:
-        """The queue side of a preemption (the state side is done)."""
+        """The queue side of a preemption (the state side is done): back at the queue's front under
+        FCFS; under priority scheduling at its arrival's place (vLLM's waiting heap on (priority,
+        arrival): a key policy's ties then fall in arrival order, as there)."""
         self.running.remove(i)
-        self._enqueue(i, front=True)
+        if self._victim_prio.shape[0]:
+            bisect.insort(self.waiting, i)        # ids are in arrival order, and so is the queue
+            self.queue_log.append(i)
+            self.is_waiting[i] = True
+            heapq.heappush(self._wait_heap, (int(self.st[i, TARGET]), i))
+        else:
+            self._enqueue(i, front=True)
         self.n_preemptions += 1
 
     def _leave(self, n_finished: int) -> None:
@@ -654,19 +724,22 @@ class _V1Engine:
         # running requests first
         run = np.array(running, dtype=np.int64)
         thr = self._threshold()
-        k, n_left, n_sched, budget, free, prefill, decodes, context, dropped = \
+        prio, arr, victims = self._victim_prio, self._arrival_arr, self._victims
+        k, n_left, n_sched, budget, free, prefill, decodes, context, dropped, n_victims = \
             _schedule_running(run, self._hold_array(hold), self._held, st, self._sched,
-                              m.max_num_batched_tokens, self.free_blocks, bs, thr) if self._P is None else \
+                              m.max_num_batched_tokens, self.free_blocks, bs, thr, prio, arr, victims) \
+            if self._P is None else \
             _schedule_running_cached(run, self._hold_array(hold), self._held, st, self._sched,
-                                     m.max_num_batched_tokens, self.free_blocks, bs, thr, self._P)
+                                     m.max_num_batched_tokens, self.free_blocks, bs, thr, prio, arr, victims,
+                                     self._P)
         if k < 0:
             bad = next(i for i in sorted(hold) if not 0 <= i < self.n)
             raise PolicyContractError(f"policy {self.policy.name!r} held request {bad} at step "
                                       f"{self.step}, which is not in the window")
         self.free_blocks = free
-        if n_left < len(run):                     # the engine preempted from the end
+        if n_victims:                             # the engine preempted
             self._kv -= dropped
-            for v in run[n_left:][::-1].tolist():
+            for v in victims[:n_victims].tolist():
                 self._requeue(v)
             preempted = True
         all_ran = k == n_left

@@ -26,7 +26,8 @@ from ..stored import frame_values, stored as _stored, values_frame
 
 #: Package modules (files or folders under ``portbench/``) whose source decides these results.
 RESULT_CODE = ("fidelity", "engine", "policies", "workload.py", "metrics.py", "stats", "regions.py",
-               "repeatability.py", "store.py", "results.py", "stored.py")
+               "repeatability.py", "store.py", "results.py", "stored.py", "realengine/__init__.py",
+               "realengine/vllm_settings.py")
 #: The folder under ``data/results/`` that holds them.
 FOLDER = "fidelity"
 

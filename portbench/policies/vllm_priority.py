@@ -18,8 +18,8 @@ How it maps onto portbench, where the engine owns KV and the admission rule:
   preempts when a *running* request cannot grow its KV; the waiting-triggered rule is vLLM v0's
   ``Scheduler._schedule_priority_preemption`` (``vllm/core/scheduler.py``: the queue head evicts
   lower priorities until it can be scheduled), which v1 dropped. The engine's own growth preemption
-  stays the engine's: ``vllm_v1`` evicts the newest admission, not the lowest priority; ``lssp``
-  never evicts.
+  stays the engine's: ``vllm_v1`` evicts as vLLM v1's priority scheduling does, the running request
+  of largest (priority, arrival) (here priority = the key's rank); ``lssp`` never evicts.
 
 Priorities are static, so no timer: over a skipped stretch KV only grows, which can only turn a
 fitting request or a feasible eviction into an unfeasible one.

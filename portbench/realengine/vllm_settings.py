@@ -19,8 +19,12 @@ lower = earlier, static per request, ties by arrival then id):
                            **rejected** (never submitted, counted as not completed, listed in
                            ``info["rejected"]``) — where the study's v0.1.0 model instead let such a
                            prompt block the queue head forever. (See :data:`REFUSAL_RULE`.)
-``edf``                    priority = deadline (µs)
-``estimated_service_time_first`` priority = 2·est = prompt + 2·predicted output (same order as est)
+``edf``                    priority = the request's rank in ``edf``'s key (the deadline, ties by
+                           arrival; :func:`key_priorities`): exactly the simulator's order, where a
+                           deadline in microseconds would tie requests closer than that
+``estimated_service_time_first`` priority = the rank in its key (est = prompt/2 + predicted output,
+                           then the deadline): exactly the simulator's order, ties on est included
+                           (an integer 2·est would break them by arrival)
 ``least_laxity_first``     priority = (deadline − est) in µs, the study's unit quirk kept (est in
                            1 ms steps subtracted from seconds); ``now`` is common to all, so the
                            static order equals the dynamic one
@@ -96,15 +100,11 @@ def _est(w: Window) -> np.ndarray:
     return estimate(w.input_tokens.astype(np.float64), w.predicted_output_tokens)
 
 
-def _prio_est(w: Window) -> np.ndarray:
-    return np.rint(2 * _est(w))
-
-
 def _prio_laxity(w: Window) -> np.ndarray:
     return np.rint((w.deadline_s - _est(w)) * 1e6)
 
 
-_PRIORITY = {"deadline": _prio_deadline, "est": _prio_est, "laxity": _prio_laxity}
+_PRIORITY = {"deadline": _prio_deadline, "laxity": _prio_laxity}
 
 POLICIES: dict[str, PolicySpec] = {
     "fifo": PolicySpec("fcfs", description="vLLM FCFS, chunked prefill"),
@@ -112,9 +112,11 @@ POLICIES: dict[str, PolicySpec] = {
                                 enable_chunked_prefill=False,
                                 description="vLLM FCFS, 2560-token budget, whole-prompt admission "
                                             "(chunked prefill off; longer requests rejected)"),
-    "edf": PolicySpec("priority", priority="deadline", description="priority = SLO deadline"),
+    "edf": PolicySpec("priority", priority="key",
+                      description="priority = the rank in edf's key (the SLO deadline; ties by arrival)"),
     "estimated_service_time_first": PolicySpec(
-        "priority", priority="est", description="priority = 0.5*prompt + predicted output"),
+        "priority", priority="key", description="priority = the rank in the policy's key (0.5*prompt + "
+                                                "predicted output, then deadline)"),
     "least_laxity_first": PolicySpec(
         "priority", priority="laxity", description="priority = deadline - (0.5*prompt + predicted "
                                                    "output), the study's unit quirk"),
@@ -188,9 +190,9 @@ FIELDS = ("arrival_s", "deadline_s", "input_tokens", "predicted_output_tokens")
 
 
 def key_priorities(window: Window, policy) -> list[int]:
-    """vLLM priorities (lower served first) for an ``evict = True`` key policy: each request's rank in
-    the key's order over the window's fixed data, ties by arrival then index (as the simulator ranks
-    it once, at the start)."""
+    """vLLM priorities (lower served first) for a key policy on the requests' fixed data (``edf``,
+    ``estimated_service_time_first``, one with ``evict = True``): each request's rank in the key's
+    order over the window's fixed data, ties by arrival then index (as the simulator ranks it)."""
     import types
 
     from ..engine.queue import FixedData, rank_by
@@ -257,6 +259,20 @@ def priorities(window: Window, policy: str) -> list[int]:
         from ..policies import make_policy
         return key_priorities(window, make_policy(policy))
     return [int(p) for p in _PRIORITY[spec.priority](window)]
+
+
+def scheduling_priorities(window: Window, policy: str) -> np.ndarray | None:
+    """The int64 vLLM priorities of ``window``'s requests when ``policy`` runs on vLLM's ``priority``
+    scheduling (:func:`priorities`); None when it runs on FCFS or has no vLLM form (an oracle, a
+    policy that is not a key and has no port, one that is not registered). What an engine model
+    needs to choose preemption victims as vLLM would for the policy."""
+    try:
+        spec = policy_spec(policy)
+    except (KeyError, ValueError):
+        return None
+    if spec.scheduling_policy != "priority":
+        return None
+    return np.asarray(priorities(window, policy), dtype=np.int64)
 
 
 @dataclasses.dataclass(frozen=True)
