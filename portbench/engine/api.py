@@ -66,13 +66,16 @@ class Decision:
     in :func:`portbench.testing.check_policy`.
 
     ``repeat_if_refused=True`` says that, should the engine refuse this decision's admissions, the
-    policy would answer the same at the next steps as long as nothing arrives, up to its clock timer
-    ``wake_at_s`` (``wake_after_steps`` then counts for the case where the admission goes through).
-    It is for a decision that holds every running request: in a step in which the engine then admits
-    nothing (its first proposal refused) and preempts nothing, nothing runs and the engine's state
-    changes only by the clock, so the engine may skip the steps that would repeat it, up to the next
-    arrival, ``wake_at_s`` or the drain bound (``vllm_v1`` does; ``lssp`` asks at each).
-    Walking every step, the policy is asked at each, so a false claim shows up in
+    policy would answer the same at the next steps as long as nothing arrives, completes or is
+    preempted, up to its clock timer ``wake_at_s`` (``wake_after_steps`` then counts for the case
+    where the admission goes through), whatever the running requests decode meanwhile (their
+    tokens, the KV in use, the prefix cache). Two kinds of step then repeat (``vllm_v1`` skips
+    them; ``lssp`` asks at each): one in which the engine admits nothing (its first proposal
+    refused), preempts nothing and nothing runs, as after a decision that holds every running
+    request (only the clock changes), up to the next arrival, ``wake_at_s`` or the drain bound; and
+    a pure-decode step whose first proposal was refused for KV blocks (see ``vllm_v1``), up to the
+    next event or timer. ``fifo`` and every key policy whose key reads only fixed request data say
+    it. Walking every step, the policy is asked at each, so a false claim shows up in
     :func:`portbench.testing.check_policy`.
 
     The policy's timer: the engine asks again, with nothing else happening, at the first step that

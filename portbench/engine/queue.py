@@ -15,7 +15,10 @@ a :class:`KeyPolicy`: a name and a ``key``::
 Lower keys are served first; equal keys keep the engine's queue order (arrival order, preempted
 requests in front). ``key`` may return several columns (a tuple, the most significant first). A
 key may read the clock (``view.now``) or the tokens produced (``view.decoded``): the waiting queue
-is ranked afresh at every call, so any key is exact.
+is ranked afresh at every call, so any key is exact. A key that reads only the requests' fixed data
+(:class:`FixedData`; found once per run by trying it there) orders the queue the same until its
+members change, so its decision says ``repeat_if_refused``: an engine may skip the steps that would
+only propose a refused request again.
 
 With ``evict = True`` a waiting request that does not fit the engine as it is preempts running
 requests ranked after it (see :func:`admit_by_key`). Such a policy's key must be a function of the
@@ -61,6 +64,7 @@ class KeyPolicy(Policy):
         raise NotImplementedError
 
     def reset(self, view):
+        self._fixed_order = None
         if self.evict:
             # ranked once, from the requests' fixed data: a key that reads the run's state is refused
             ids = np.arange(view.n_requests)
@@ -86,9 +90,22 @@ class KeyPolicy(Policy):
             return Ranked(w, ())
         return Ranked(w, self.key_columns(view, w))
 
+    def fixed_order(self, view) -> bool:
+        """Whether the key reads only the requests' fixed data (tried once, on :class:`FixedData`):
+        the order of the queue then changes only when its members do."""
+        fixed = getattr(self, "_fixed_order", None)
+        if fixed is None:
+            try:
+                self.key_columns(FixedData(view, self.name), np.arange(view.n_requests))
+                fixed = True
+            except Exception:                   # it read more (or failed there): asked every time
+                fixed = False
+            self._fixed_order = fixed
+        return fixed
+
     def schedule(self, view):
         if not self.evict:
-            return Decision(admit=self.ranked(view))
+            return Decision(admit=self.ranked(view), repeat_if_refused=self.fixed_order(view))
         rank = self._rank
         admit, preempt = admit_by_key(view, self._waiting.get(view, rank), rank.__getitem__)
         return Decision(admit=admit, preempt=preempt)

@@ -42,7 +42,9 @@ what runs), and a completion, a preemption or a refused admission ends the repet
 step in which the decision held every running request and the engine refused its admission (nothing
 ran, nothing was admitted or preempted: only the clock moved), a decision marked
 ``repeat_if_refused`` is repeated over the next idle steps at once, up to the next arrival, its
-clock timer or the drain bound.
+clock timer or the drain bound; and a pure-decode step whose first proposal was refused for KV
+blocks starts a stretch like any other under such a decision (``fifo``'s, a fixed-data key's), as
+the refused request stays short of blocks while the others decode (see ``_refusal_repeats``).
 ``tests/test_event_skipping.py`` checks all of it against the step-by-step walk, which runs the same
 step code but asks the policy at every step and jumps nowhere.
 """
@@ -860,7 +862,18 @@ class _V1Engine:
         # next steps repeat it until an arrival, a completion, block exhaustion or a policy timer.
         if prefill or admitted or preempted or n_fin or hold or not all_ran:
             return False, False
-        return not refused_for_room, False
+        return not refused_for_room or self._refusal_repeats(), False
+
+    def _refusal_repeats(self) -> bool:
+        """After a pure-decode step whose admission stopped at its first proposal for want of KV
+        blocks, the next steps repeat it up to an event: a ``repeat_if_refused`` decision is the
+        same until then (the policy's claim), and that request's blocks stay short. Decoding only
+        takes free blocks, and the blocks the request asks for do not shrink: without a prefix cache
+        its first chunk is the same (so is the budget left); with one, its check is its whole
+        sequence's less its hit (``reserve_full_isl``), and an eviction cuts the hit by no more
+        blocks than it takes out of the free ones. (A first chunk's blocks with a hit may shrink.)"""
+        return (len(self.refused) == 1 and self.refused[0][1] == "kv" and self._decision.repeat_if_refused
+                and (self._pool is None or self.model.reserve_full_isl))
 
     def _running_prefills(self, n_sched: int) -> tuple[int, int]:
         """(prefills, long prefills) among the step's first ``n_sched`` scheduled (running) requests:

@@ -14,4 +14,5 @@ class Fifo(Policy):
     admission_only = True
 
     def schedule(self, view):
-        return Decision(admit=view.waiting)
+        # the queue changes only at events: a refused head is proposed again until one
+        return Decision(admit=view.waiting, repeat_if_refused=True)

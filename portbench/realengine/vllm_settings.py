@@ -31,8 +31,9 @@ lower = earlier, static per request, ties by arrival then id):
 ``slai_faithful``          :class:`~portbench.realengine.vllm_slai_scheduler.SlaiScheduler`
                            (``scheduler_cls``), priority scheduling, 512-token budget, chunked
                            prefill, 128 seqs
-``vllm_priority``          vLLM's own priority scheduling, priority = deadline (µs): the same
-                           engine settings as ``edf``. The simulator's ``vllm_priority`` also lets
+``vllm_priority``          vLLM's own priority scheduling, priority = deadline (µs, as its real
+                           runs had it; the same order as ``edf``'s rank but for deadlines within
+                           a microsecond), ``edf``'s engine settings. The simulator's ``vllm_priority`` also lets
                            a waiting request evict lower priorities (vLLM v0's rule); vLLM v1 has
                            no such preemption, so here it only evicts on KV exhaustion, the lowest
                            priority first
@@ -126,7 +127,7 @@ POLICIES: dict[str, PolicySpec] = {
                                             "shortest-prompt-first admission, decode holds"),
     "vllm_priority": PolicySpec("priority", priority="deadline",
                                 description="vLLM v1 priority scheduling, priority = SLO deadline "
-                                            "(the same mapping as edf); no waiting-triggered "
+                                            "in microseconds (edf's order); no waiting-triggered "
                                             "preemption (vLLM v1 has none)"),
 }
 
