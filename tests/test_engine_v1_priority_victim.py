@@ -34,31 +34,24 @@ def test_the_deadline_orders_the_two():
     assert scheduling_priorities(w, "no_such_policy") is None
 
 
-def test_fcfs_preempts_the_newest_admission_itself_here():
-    # step 0: R0 prefills 15 (1 block), first token at 1 ms. step 1: R0 decodes (16 tokens, still
-    # 1 block); R1 arrived at 0.5 ms, admitted (1 block), first token at 2 ms. step 2: R0 takes its
-    # 2nd block (the last free one); R1 decodes into its 1st. step 3: R0 runs first (in its block);
-    # R1 needs a 2nd block, none is free: the victim is the last running request, R1 itself, which
-    # waits again (prompt + 2 tokens = 17 -> 2 blocks to be admitted). R0 finishes at the end of
-    # step 9 (10 ms), R1 is readmitted at step 10 and has its 10th token after step 17 (18 ms).
-    r = verified_run(two_requests(), make_policy("fifo"), MODEL)
+# Steps 0-2 alike: step 0: R0 prefills 15 (1 block), first token at 1 ms. step 1: R0 decodes (16
+# tokens, still 1 block); R1, arrived at 0.5 ms, is admitted (1 block), first token at 2 ms. step 2:
+# R0 takes its 2nd block (the last free one); R1 decodes into its 1st. step 3: R0 is scheduled first
+# (in its block); R1 needs a 2nd block and none is free, so one of them is preempted:
+# - fifo (FCFS): the last running request, R1 itself, which waits again (prompt + 2 tokens = 17 ->
+#   2 blocks to be admitted). R0 finishes at the end of step 9 (10 ms); R1 is readmitted at step 10
+#   and has its 10th token after step 17 (18 ms).
+# - edf (vLLM's priority scheduling, priority = the deadline's rank): the running request of largest
+#   (priority, arrival), R0, though scheduled already: its token goes back to the budget, its two
+#   blocks are freed, R1 takes one. R1 finishes at the end of step 10 (11 ms); R0 (prompt + 3 tokens
+#   = 18 -> 2 blocks) waits until then, is readmitted at step 11 and has its 10th token after step
+#   17 (18 ms). Its first admission and first token stay.
+@pytest.mark.parametrize("policy, finish_ms", [("fifo", [10, 18]), ("edf", [18, 11])])
+def test_the_victim_is_the_newest_under_fcfs_and_the_lowest_priority_under_priority(policy, finish_ms):
+    r = verified_run(two_requests(), make_policy(policy), MODEL)
     np.testing.assert_allclose(r.admit_s, np.array([0, 1]) * MS)
     np.testing.assert_allclose(r.first_token_s, np.array([1, 2]) * MS)
-    np.testing.assert_allclose(r.finish_s, np.array([10, 18]) * MS)
-    assert r.n_preemptions == 1
-
-
-def test_priority_preempts_the_lowest_priority_even_when_already_scheduled():
-    # edf runs on vLLM's priority scheduling (priority = deadline). Steps 0-2 as under FCFS. step 3:
-    # R0 (first in the running list) is scheduled; R1 needs a 2nd block and none is free: the victim
-    # is the running request of largest (priority, arrival), R0, whose token goes back to the
-    # budget and whose two blocks are freed; R1 takes one. R1 finishes at the end of step 10
-    # (11 ms); R0 (prompt + 3 tokens = 18 -> 2 blocks) waits until then, is readmitted at step 11
-    # and has its 10th token after step 17 (18 ms). Its first admission and first token stay.
-    r = verified_run(two_requests(), make_policy("edf"), MODEL)
-    np.testing.assert_allclose(r.admit_s, np.array([0, 1]) * MS)
-    np.testing.assert_allclose(r.first_token_s, np.array([1, 2]) * MS)
-    np.testing.assert_allclose(r.finish_s, np.array([18, 11]) * MS)
+    np.testing.assert_allclose(r.finish_s, np.array(finish_ms) * MS)
     assert r.n_preemptions == 1
 
 
