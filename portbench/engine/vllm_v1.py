@@ -287,7 +287,6 @@ def _running_phase(run, hold, held, st, sched, budget, free, bs, thr, prio, arr,
             for j in range(vi, n_run - 1):
                 run[j] = run[j + 1]
             n_run -= 1
-            run[n_run] = v
             if vi < k:                            # walked already
                 k -= 1
                 if not held[v]:                   # and scheduled: its tokens go back
@@ -536,11 +535,12 @@ class _V1Engine:
         """(now, the last executed step's start), in seconds, as the view shows them."""
         return self.t_ps / PS, self.last_step_start_ps / PS
 
-    def _enqueue(self, i: int, front: bool = False) -> None:
-        if front:
-            self.waiting.insert(0, i)
-        else:
+    def _enqueue(self, i: int, at: int | None = None) -> None:
+        """Request ``i`` joins the queue: at its back, or at position ``at``."""
+        if at is None:
             self.waiting.append(i)
+        else:
+            self.waiting.insert(at, i)
         self.queue_log.append(i)
         self.is_waiting[i] = True
         heapq.heappush(self._wait_heap, (int(self.st[i, TARGET]), i))
@@ -562,13 +562,8 @@ class _V1Engine:
         FCFS; under priority scheduling at its arrival's place (vLLM's waiting heap on (priority,
         arrival): a key policy's ties then fall in arrival order, as there)."""
         self.running.remove(i)
-        if self._victim_prio.shape[0]:
-            bisect.insort(self.waiting, i)        # ids are in arrival order, and so is the queue
-            self.queue_log.append(i)
-            self.is_waiting[i] = True
-            heapq.heappush(self._wait_heap, (int(self.st[i, TARGET]), i))
-        else:
-            self._enqueue(i, front=True)
+        # (ids are in arrival order, and so is the queue under priority scheduling)
+        self._enqueue(i, bisect.bisect(self.waiting, i) if self._victim_prio.shape[0] else 0)
         self.n_preemptions += 1
 
     def _leave(self, n_finished: int) -> None:
