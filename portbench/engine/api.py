@@ -69,14 +69,17 @@ class Decision:
     policy would answer the same at the next steps as long as nothing arrives, completes or is
     preempted, up to its clock timer ``wake_at_s`` (``wake_after_steps`` then counts for the case
     where the admission goes through), whatever the running requests decode meanwhile (their
-    tokens, the KV in use, the prefix cache). Two kinds of step then repeat (``vllm_v1`` skips
+    tokens, the KV in use, the prefix cache, unless the decision read :meth:`EngineView.cached_prefix`:
+    then only while no waiting request's cached prefix changes, and ``vllm_v1`` ends the repetition
+    before an eviction could change one). Two kinds of step then repeat (``vllm_v1`` skips
     them; ``lssp`` asks at each): one in which the engine admits nothing (its first proposal
     refused), preempts nothing and nothing runs, as after a decision that holds every running
     request (only the clock changes), up to the next arrival, ``wake_at_s`` or the drain bound; and
     a pure-decode step whose first proposal was refused for KV blocks (see ``vllm_v1``), up to the
-    next event or timer. ``fifo`` and every key policy whose key reads only fixed request data say
-    it. Walking every step, the policy is asked at each, so a false claim shows up in
-    :func:`portbench.testing.check_policy`.
+    next event or timer. ``fifo`` and every key policy whose key reads only fixed request data, the
+    waiting queue and the cached prefixes say it (as do ``least_laxity_first`` and
+    ``admission_control`` while no two laxities are near a tie). Walking every step, the policy is
+    asked at each, so a false claim shows up in :func:`portbench.testing.check_policy`.
 
     The policy's timer: the engine asks again, with nothing else happening, at the first step that
     starts at or after ``wake_at_s`` (seconds on the clock) or ``wake_after_steps`` steps after this
@@ -117,7 +120,7 @@ class EngineView:
     __slots__ = ("model", "step", "now", "prev_step_start_s", "prev_kv_used", "running",
                  "arrival_s", "deadline_s", "input_tokens", "predicted_output_tokens", "priority",
                  "kv_used", "n_requests", "refused", "block_hashes", "block_tokens", "_queue_version",
-                 "_engine", "_waiting",
+                 "_engine", "_waiting", "_cache_read",
                  "_waiting_of", "_warr", "_warr_of")
 
     def __init__(self, engine: "_Engine"):
@@ -135,6 +138,7 @@ class EngineView:
         self._queue_version = 0         # the length of the engine's log of queue changes
         self._waiting, self._waiting_of = (), 0     # the queue as a tuple, and the version it shows
         self._warr, self._warr_of = np.zeros(0, dtype=np.int64), 0      # ... as an array
+        self._cache_read = False        # cached_prefix read since the last refresh
 
     def refresh(self):
         e = self._engine
@@ -145,6 +149,7 @@ class EngineView:
         self.running = tuple(e.running)
         self.kv_used = e.kv_used()
         self.refused = e.refused
+        self._cache_read = False
         return self
 
     @property
@@ -184,6 +189,7 @@ class EngineView:
         output after a preemption) that the engine holds cached, at most all tokens but the last
         (an int64 array). 0 on an engine model without a prefix cache (``lssp``, ``vllm_v1`` with
         ``enable_prefix_caching`` off)."""
+        self._cache_read = True
         return self._engine.cached_prefix_of(ids)
 
     @property

@@ -76,6 +76,11 @@ class BlockPool:
         """The tokens a hit would skip now, for each of ``ids``."""
         return _cached_prefix(self.array, st, np.asarray(ids, dtype=np.int64), self.block_size)
 
+    def takes_sparing(self, st, ids, limit: int) -> int:
+        """How many blocks (at most ``limit``) can be taken from the free queue's head before one
+        that a hit of ``ids`` uses now (see :func:`_takes_sparing`)."""
+        return _takes_sparing(self.array, st, np.asarray(ids, dtype=np.int64), self.block_size, limit)
+
 
 _KEYS: dict = {}        # (window id, block size) -> (its block hashes, block_keys' answer), the last few
 
@@ -146,6 +151,29 @@ def _cached_prefix(A, st, ids, bs):
         h, _ = _hit(P, i, _max_hit(st, i, bs))
         out[j] = h * bs
     return out
+
+
+@numba.njit(cache=True)
+def _takes_sparing(A, st, ids, bs, limit):
+    """How many blocks, at most ``limit``, new allocations can take from the free queue's head (in
+    order: decoding only takes, and frees nothing before its last step) before they evict a block
+    that the hit of one of ``ids`` uses now. Up to there every cached prefix of ``ids`` stays the
+    same: another copy of an evicted key is not among their hits, and no hit block is touched."""
+    P = views(A)
+    nxt, khead, rkey, toff = P[NXT], P[KHEAD], P[RKEY], P[TOFF]
+    s = P[REF].shape[0]
+    used = np.zeros(s, dtype=np.bool_)
+    for j in range(ids.shape[0]):
+        i = ids[j]
+        h, e = _hit(P, i, _max_hit(st, i, bs))
+        if e:                                   # some of its hit blocks are free (evictable)
+            for q in range(h):
+                used[khead[rkey[toff[i] + q]]] = True
+    n, b = 0, nxt[s]
+    while n < limit and b != s and not used[b]:
+        n += 1
+        b = nxt[b]
+    return n
 
 
 @numba.njit(cache=True)

@@ -15,10 +15,11 @@ a :class:`KeyPolicy`: a name and a ``key``::
 Lower keys are served first; equal keys keep the engine's queue order (arrival order, preempted
 requests in front). ``key`` may return several columns (a tuple, the most significant first). A
 key may read the clock (``view.now``) or the tokens produced (``view.decoded``): the waiting queue
-is ranked afresh at every call, so any key is exact. A key that reads only the requests' fixed data
-(:class:`FixedData`; found once per run by trying it there) orders the queue the same until its
-members change, so its decision says ``repeat_if_refused``: an engine may skip the steps that would
-only propose a refused request again.
+is ranked afresh at every call, so any key is exact. A key that reads only the requests' fixed data,
+the waiting queue and the cached prefixes (:class:`CacheData`; found once per run by trying it
+there) orders the queue the same until its members or their cached prefixes change, so its decision
+says ``repeat_if_refused``: an engine may skip the steps that would only propose a refused request
+again (ending them before an eviction changes a cached prefix the key read).
 
 With ``evict = True`` a waiting request that does not fit the engine as it is preempts running
 requests ranked after it (see :func:`admit_by_key`). Such a policy's key must be a function of the
@@ -67,9 +68,13 @@ class KeyPolicy(Policy):
         self._fixed_order = None
         if self.evict:
             # ranked once, from the requests' fixed data: a key that reads the run's state is refused
-            ids = np.arange(view.n_requests)
-            self._rank = rank_by(view, self.key_columns(FixedData(view, self.name), ids))
+            self._rank = rank_by(view, self.fixed_key(view))
             self._waiting = WaitingOrder()
+
+    def fixed_key(self, view, probe: type = None) -> tuple:
+        """The key columns of every request of ``view`` on its fixed data alone (``probe``, default
+        :class:`FixedData`: reading anything else raises :class:`PolicyContractError`)."""
+        return self.key_columns((probe or FixedData)(view, self.name), np.arange(view.n_requests))
 
     def key_columns(self, view, ids) -> tuple:
         """``key(view, ids)`` as a tuple of columns, each checked to hold one value per request of
@@ -91,12 +96,13 @@ class KeyPolicy(Policy):
         return Ranked(w, self.key_columns(view, w))
 
     def fixed_order(self, view) -> bool:
-        """Whether the key reads only the requests' fixed data (tried once, on :class:`FixedData`):
-        the order of the queue then changes only when its members do."""
+        """Whether the key reads only what stays the same while the queue's members do (tried once,
+        on :class:`CacheData`): the fixed request data, the waiting queue, and the cached prefixes
+        (which the engine watches: reading them is seen at each call)."""
         fixed = getattr(self, "_fixed_order", None)
         if fixed is None:
             try:
-                self.key_columns(FixedData(view, self.name), np.arange(view.n_requests))
+                self.fixed_key(view, CacheData)
                 fixed = True
             except Exception:                   # it read more (or failed there): asked every time
                 fixed = False
@@ -124,11 +130,21 @@ class FixedData:
         self._view, self._policy = view, policy
 
     def __getattr__(self, name):
-        if name in FixedData.FIELDS:
+        if name in self.FIELDS:
             return getattr(self._view, name)
         raise PolicyContractError(
             f"policy {self._policy!r}: an evict = True key is ranked once, at the start, from the requests' "
             f"fixed data ({', '.join(FixedData.FIELDS)}); it read view.{name}. Drop evict, or key on fixed data")
+
+
+class CacheData(FixedData):
+    """What a key may read and still order the queue the same from one call to the next while
+    nothing arrives, completes or is preempted: :class:`FixedData`, the prompts' block hashes, the
+    waiting queue (its members change only at those events) and the cached prefixes (an engine that
+    repeats the answer ends the repetition before an eviction changes one the key read)."""
+
+    FIELDS = FixedData.FIELDS + ("block_hashes", "block_tokens", "waiting", "cached_prefix")
+    __slots__ = ()
 
 
 class Ranked:

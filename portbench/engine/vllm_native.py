@@ -376,7 +376,7 @@ class _NativeEngine:
         self.priority = np.ones(n) if priority is None else np.asarray(priority, dtype=np.float64)
         if self.scheduling_policy == "priority":
             from ..realengine.vllm_settings import priorities
-            self.vllm_priority = priorities(window, policy.name)
+            self.vllm_priority = priorities(window, policy)
         else:
             self.vllm_priority = [0] * n
         self.arrival_s = window.arrival_s

@@ -504,6 +504,8 @@ class _V1Engine:
         self.refused: tuple = ()            # (request, reason) where the last decision's admissions stopped
         self._decision = _NO_DECISION       # the decision of the last executed step
         self._idle = False                  # the last executed step was idle (see _execute_step)
+        self._take_limit = None             # the most blocks the next stretch may take, if bounded
+        self._spare = self._free_at_ask = None  # see _refusal_repeats
         self._drain_end_ps = None           # no step starts at or after it (set at the last arrival)
         self.step_starts_ps = None          # a list when recording (the step-by-step check's diagnostics)
         # scratch rows for one step: at most max_active_sequences requests run in it
@@ -512,7 +514,7 @@ class _V1Engine:
         self._victims = np.zeros(model.max_active_sequences + 1, dtype=np.int64)
         # preemption victims as vLLM chooses them for this policy: under FCFS the newest admission
         # (an empty table), under priority scheduling the largest (priority, arrival)
-        prio = scheduling_priorities(window, policy.name) if n else None
+        prio = scheduling_priorities(window, policy) if n else None
         self._victim_prio = _NO_HOLD if prio is None else prio
         self._arrival_arr = np.asarray(self.arrival_ps, dtype=np.int64)
 
@@ -640,7 +642,7 @@ class _V1Engine:
 
     def run(self, event_skipping: bool = True) -> None:
         n, m = self.n, self.model
-        order = np.argsort(np.array(self.arrival_ps, dtype=np.int64), kind="stable").tolist()
+        order = np.argsort(self._arrival_arr, kind="stable").tolist()
         view = EngineView(self)
         self.policy.reset(view.refresh())
         if n == 0:
@@ -718,6 +720,11 @@ class _V1Engine:
                                               f"step {self.step}, which is not running")
                 self._preempt(i)
             preempted = True
+        # a decision that read the cached prefixes: the blocks that can be taken before one a hit uses
+        self._spare = None
+        if d is not None and d.repeat_if_refused and view._cache_read and self._pool is not None:
+            self._spare = self._pool.takes_sparing(st, self.waiting, self.free_blocks)
+            self._free_at_ask = self.free_blocks
         # running requests first
         run = np.array(running, dtype=np.int64)
         thr = self._threshold()
@@ -846,6 +853,7 @@ class _V1Engine:
         # the next steps repeat this one, which changed nothing but the clock, as long as the policy
         # would answer the same (its repeat_if_refused claim).
         self._idle = d.repeat_if_refused and n_sched == 0 and bool(self.refused) and not preempted
+        self._take_limit = None     # the most blocks a stretch may take (see _refusal_repeats)
         # Blocked: with an admission-only policy, after any step in which every running request is
         # left decoding and no waiting one can be admitted, the next steps are pure decodes until a
         # completion, block exhaustion or an arrival that could be admitted.
@@ -857,18 +865,28 @@ class _V1Engine:
         # next steps repeat it until an arrival, a completion, block exhaustion or a policy timer.
         if prefill or admitted or preempted or n_fin or hold or not all_ran:
             return False, False
-        return not refused_for_room or self._refusal_repeats(), False
+        return not refused_for_room or self._refusal_repeats(view), False
 
-    def _refusal_repeats(self) -> bool:
+    def _refusal_repeats(self, view) -> bool:
         """After a pure-decode step whose admission stopped at its first proposal for want of KV
         blocks, the next steps repeat it up to an event: a ``repeat_if_refused`` decision is the
         same until then (the policy's claim), and that request's blocks stay short. Decoding only
         takes free blocks, and the blocks the request asks for do not shrink: without a prefix cache
         its first chunk is the same (so is the budget left); with one, its check is its whole
         sequence's less its hit (``reserve_full_isl``), and an eviction cuts the hit by no more
-        blocks than it takes out of the free ones. (A first chunk's blocks with a hit may shrink.)"""
-        return (len(self.refused) == 1 and self.refused[0][1] == "kv" and self._decision.repeat_if_refused
-                and (self._pool is None or self.model.reserve_full_isl))
+        blocks than it takes out of the free ones. (A first chunk's blocks with a hit may shrink.)
+        A decision that read the cached prefixes holds only while those of the waiting requests do:
+        counted from the decision (the step's start), the step and the stretch then take no more
+        blocks than the free queue yielded before a hit block (``_spare``, ``_take_limit``)."""
+        if not (len(self.refused) == 1 and self.refused[0][1] == "kv" and self._decision.repeat_if_refused
+                and (self._pool is None or self.model.reserve_full_isl)):
+            return False
+        if self._spare is not None:
+            taken = self._free_at_ask - self.free_blocks      # by this step's running requests
+            if taken > self._spare:
+                return False            # they may have evicted a hit the decision read
+            self._take_limit = self._spare - taken
+        return True
 
     def _running_prefills(self, n_sched: int) -> tuple[int, int]:
         """(prefills, long prefills) among the step's first ``n_sched`` scheduled (running) requests:
@@ -924,8 +942,8 @@ class _V1Engine:
         D = len(self.running)
         C0 = self._kv
         # completions (the first one included) and KV blocks
-        k = _stretch_bound(np.array(self.running, dtype=np.int64), self.st, self.free_blocks,
-                           m.block_size, _MAX_STRETCH)
+        free = self.free_blocks if self._take_limit is None else self._take_limit
+        k = _stretch_bound(np.array(self.running, dtype=np.int64), self.st, free, m.block_size, _MAX_STRETCH)
         # the next arrival that matters: every step of the stretch must start before it
         stop = nxt
         if blocked and k > 0:

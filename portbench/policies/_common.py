@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..engine.api import Decision
+from ..engine.queue import KeyPolicy
+
 #: The study's service-time proxy, est = ALPHA * prompt + BETA * predicted output, counted in the
 #: study simulator's 1 ms steps; ESTIMATE_UNIT_S turns it into seconds wherever it meets the clock.
 ALPHA = 0.5
@@ -45,3 +48,20 @@ def admit_in_order(view, ranked, accept=None, kv_charge=None, limit=None) -> lis
             active += 1
             kv += charge
     return admitted
+
+
+class LaxityKey(KeyPolicy):
+    """A key policy whose key leads with each request's laxity, ``(deadline_s - now) - estimate``
+    (``least_laxity_first``, ``admission_control``). The clock is common to all, so the order turns
+    over as it moves only where floating-point round-off meets a near-tie: the decision says
+    ``repeat_if_refused`` while no two laxities are within a hundred-millionth of the magnitudes
+    involved (1 + the clock + the largest |deadline| and |laxity|; the round-off of the two
+    subtractions stays far below that for any clock under a million times those values)."""
+
+    def schedule(self, view):
+        ranked = self.ranked(view)
+        if not ranked.cols:                     # at most one waiting
+            return Decision(admit=ranked, repeat_if_refused=True)
+        lax = ranked.cols[0]
+        scale = 1 + abs(view.now) + np.abs(view.deadline_s[ranked.ids]).max() + np.abs(lax).max()
+        return Decision(admit=ranked, repeat_if_refused=bool(np.diff(np.sort(lax)).min() > 1e-8 * scale))

@@ -4,20 +4,20 @@ import math
 
 import numpy as np
 
-from ..engine.queue import KeyPolicy
 from ..engine.api import Decision
 from . import register
-from ._common import ALPHA, BETA, ESTIMATE_UNIT_S, estimate_s
+from ._common import ALPHA, BETA, ESTIMATE_UNIT_S, LaxityKey, estimate_s
 
 
 @register
-class AdmissionControl(KeyPolicy):
+class AdmissionControl(LaxityKey):
     """Laxity-filtered, laxity-ordered admission.
 
     ``est_s = (alpha*P + beta*O) * estimate_unit_s`` seconds and ``lax = (d - now) - est_s``. A request is a
     candidate if ``lax >= -laxity_threshold``; with the default ``inf`` nothing is filtered. Key
     ``(lax, -priority, est_s, deadline, id)`` ascending. ``now`` cancels within a step, and the
-    filter can only remove candidates over time, so there is no timer.
+    filter can only remove candidates over time, so there is no timer. Unfiltered, it is a
+    :class:`~portbench.policies._common.LaxityKey` (``repeat_if_refused`` while no near-tie).
 
     laxity_threshold: seconds of negative laxity tolerated (inf).
     estimate_unit_s: seconds per unit of the estimate (the study's 1 ms step).
@@ -43,8 +43,7 @@ class AdmissionControl(KeyPolicy):
         return lax, -view.priority[ids], est_s, view.deadline_s[ids], ids
 
     def schedule(self, view):
-        ranked = self.ranked(view)
         if self.laxity_threshold == math.inf:
-            return Decision(admit=ranked)
-        ranked = np.asarray(ranked)
+            return super().schedule(view)
+        ranked = np.asarray(self.ranked(view))
         return Decision(admit=ranked[self.laxity(view, ranked)[0] >= -self.laxity_threshold])

@@ -1,19 +1,19 @@
 """``least_laxity_first``: smallest (deadline - now) - est first, as the study implemented it."""
 
-from ..engine.queue import KeyPolicy
 from . import register
-from ._common import ALPHA, BETA, estimate
+from ._common import ALPHA, BETA, LaxityKey, estimate
 
 
 @register
-class LeastLaxityFirst(KeyPolicy):
+class LeastLaxityFirst(LaxityKey):
     """Least laxity first, with the study's unit quirk.
 
     Key ``(lax, deadline, -priority, id)`` ascending, ``lax = (d - now) - (alpha*P + beta*O)``: the
     estimate is in *tokens/steps* and is subtracted from seconds without conversion (as the study
     does), so under the study's deadlines bigger jobs tend to go first. ``now`` is common to all
     candidates of a step, so there is no timer; the key is still evaluated at each call's ``now``
-    to keep the study's floating-point ties.
+    to keep the study's floating-point ties (a :class:`~portbench.policies._common.LaxityKey`: it
+    says ``repeat_if_refused`` while no two laxities are near a tie).
 
     alpha, beta: weights of prompt and predicted output in the estimate (0.5, 1.0).
     """

@@ -196,11 +196,11 @@ def key_priorities(window: Window, policy) -> list[int]:
     order over the window's fixed data, ties by arrival then index (as the simulator ranks it)."""
     import types
 
-    from ..engine.queue import FixedData, rank_by
+    from ..engine.queue import rank_by
 
     view = types.SimpleNamespace(**{f: np.asarray(getattr(window, f)) for f in FIELDS},
                                  priority=np.ones(len(window)), n_requests=len(window), model=None)
-    return rank_by(view, policy.key_columns(FixedData(view, policy.name), np.arange(len(window)))).tolist()
+    return rank_by(view, policy.fixed_key(view)).tolist()
 
 
 #: The scheduler class that runs any key policy (:mod:`~portbench.realengine.vllm_key_scheduler`).
@@ -251,24 +251,27 @@ def vllm_policies(names=None) -> list[str]:
     return [p for p in names if p in POLICIES or runnable(p)]
 
 
-def priorities(window: Window, policy: str) -> list[int]:
-    """vLLM priority of each request under ``policy`` (lower is served earlier)."""
-    spec = policy_spec(policy)
+def priorities(window: Window, policy) -> list[int]:
+    """vLLM priority of each request under ``policy`` (lower is served earlier): a name, or a policy
+    instance (a key policy's rank then comes from the instance, with its own parameters)."""
+    name = policy if isinstance(policy, str) else policy.name
+    spec = policy_spec(name)
     if spec.priority is None:
         return [0] * len(window)
     if spec.priority == "key":
+        from ..engine.queue import KeyPolicy
         from ..policies import make_policy
-        return key_priorities(window, make_policy(policy))
+        return key_priorities(window, policy if isinstance(policy, KeyPolicy) else make_policy(name))
     return [int(p) for p in _PRIORITY[spec.priority](window)]
 
 
-def scheduling_priorities(window: Window, policy: str) -> np.ndarray | None:
-    """The int64 vLLM priorities of ``window``'s requests when ``policy`` runs on vLLM's ``priority``
-    scheduling (:func:`priorities`); None when it runs on FCFS or has no vLLM form (an oracle, a
-    policy that is not a key and has no port, one that is not registered). What an engine model
-    needs to choose preemption victims as vLLM would for the policy."""
+def scheduling_priorities(window: Window, policy) -> np.ndarray | None:
+    """The int64 vLLM priorities of ``window``'s requests when ``policy`` (a name or an instance)
+    runs on vLLM's ``priority`` scheduling (:func:`priorities`); None when it runs on FCFS or has no
+    vLLM form (an oracle, a policy that is not a key and has no port, one that is not registered).
+    What an engine model needs to choose preemption victims as vLLM would for the policy."""
     try:
-        spec = policy_spec(policy)
+        spec = policy_spec(policy if isinstance(policy, str) else policy.name)
     except (KeyError, ValueError):
         return None
     if spec.scheduling_policy != "priority":
