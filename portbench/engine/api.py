@@ -79,7 +79,9 @@ class Decision:
     next event or timer. ``fifo`` and every key policy whose key reads only fixed request data, the
     waiting queue and the cached prefixes say it (as do ``least_laxity_first`` and
     ``admission_control`` while no two laxities are near a tie). Walking every step, the policy is
-    asked at each, so a false claim shows up in :func:`portbench.testing.check_policy`.
+    asked at each, so a false claim shows up in :func:`portbench.testing.check_policy`. The claim
+    may be any object with a truth value: an engine works it out only where it would use it, so a
+    claim that costs something to check (the laxity keys sort the queue) is paid for only there.
 
     The policy's timer: the engine asks again, with nothing else happening, at the first step that
     starts at or after ``wake_at_s`` (seconds on the clock) or ``wake_after_steps`` steps after this
@@ -269,7 +271,7 @@ def check_decision(policy: Policy, d: Decision) -> Decision:
             f"policy {policy.name!r} declares admission_only but returned "
             f"{'preempt=' + str(list(d.preempt)) if d.preempt else 'hold=' + str(sorted(d.hold))}; "
             "drop the admission_only flag or only admit")
-    if (d.steady or d.repeat_if_refused) and d.preempt:
+    if d.preempt and (d.steady or d.repeat_if_refused):
         raise PolicyContractError(f"policy {policy.name!r} returned a "
                                   f"{'steady' if d.steady else 'repeat_if_refused'} decision that "
                                   f"preempts {list(d.preempt)}; a preemption always ends a skipped "

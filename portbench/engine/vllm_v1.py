@@ -722,7 +722,7 @@ class _V1Engine:
             preempted = True
         # a decision that read the cached prefixes: the blocks that can be taken before one a hit uses
         self._spare = None
-        if d is not None and d.repeat_if_refused and view._cache_read and self._pool is not None:
+        if d is not None and view._cache_read and self._pool is not None and d.repeat_if_refused:
             self._spare = self._pool.takes_sparing(st, self.waiting, self.free_blocks)
             self._free_at_ask = self.free_blocks
         # running requests first
@@ -852,7 +852,7 @@ class _V1Engine:
         # Idle: nothing ran, nothing was admitted (the first proposal refused) and nothing preempted;
         # the next steps repeat this one, which changed nothing but the clock, as long as the policy
         # would answer the same (its repeat_if_refused claim).
-        self._idle = d.repeat_if_refused and n_sched == 0 and bool(self.refused) and not preempted
+        self._idle = n_sched == 0 and bool(self.refused) and not preempted and bool(d.repeat_if_refused)
         self._take_limit = None     # the most blocks a stretch may take (see _refusal_repeats)
         # Blocked: with an admission-only policy, after any step in which every running request is
         # left decoding and no waiting one can be admitted, the next steps are pure decodes until a
@@ -878,8 +878,8 @@ class _V1Engine:
         A decision that read the cached prefixes holds only while those of the waiting requests do:
         counted from the decision (the step's start), the step and the stretch then take no more
         blocks than the free queue yielded before a hit block (``_spare``, ``_take_limit``)."""
-        if not (len(self.refused) == 1 and self.refused[0][1] == "kv" and self._decision.repeat_if_refused
-                and (self._pool is None or self.model.reserve_full_isl)):
+        if not (len(self.refused) == 1 and self.refused[0][1] == "kv"
+                and (self._pool is None or self.model.reserve_full_isl) and self._decision.repeat_if_refused):
             return False
         if self._spare is not None:
             taken = self._free_at_ask - self.free_blocks      # by this step's running requests

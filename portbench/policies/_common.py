@@ -54,14 +54,32 @@ class LaxityKey(KeyPolicy):
     """A key policy whose key leads with each request's laxity, ``(deadline_s - now) - estimate``
     (``least_laxity_first``, ``admission_control``). The clock is common to all, so the order turns
     over as it moves only where floating-point round-off meets a near-tie: the decision says
-    ``repeat_if_refused`` while no two laxities are within a hundred-millionth of the magnitudes
-    involved (1 + the clock + the largest |deadline| and |laxity|; the round-off of the two
-    subtractions stays far below that for any clock under a million times those values)."""
+    ``repeat_if_refused`` while no two laxities are near a tie (:class:`NoNearTie`)."""
 
     def schedule(self, view):
         ranked = self.ranked(view)
-        if not ranked.cols:                     # at most one waiting
-            return Decision(admit=ranked, repeat_if_refused=True)
-        lax = ranked.cols[0]
-        scale = 1 + abs(view.now) + np.abs(view.deadline_s[ranked.ids]).max() + np.abs(lax).max()
-        return Decision(admit=ranked, repeat_if_refused=bool(np.diff(np.sort(lax)).min() > 1e-8 * scale))
+        return Decision(admit=ranked, repeat_if_refused=NoNearTie(ranked, view))
+
+
+class NoNearTie:
+    """Whether no two laxities of ``ranked`` (its first key column) lie within a hundred-millionth
+    of the magnitudes involved (1 + the clock + the largest |deadline| and |laxity|): the round-off
+    of the two subtractions stays far below that at any clock under a million times those values,
+    so the order is the same at every later clock. Worked out (it sorts the queue) only when an
+    engine asks for its truth, after a refusal; at most one waiting request: true."""
+
+    __slots__ = ("_ranked", "_view", "_now", "_holds")
+
+    def __init__(self, ranked, view):
+        self._ranked, self._view, self._now, self._holds = ranked, view, view.now, None
+
+    def __bool__(self) -> bool:
+        if self._holds is None:
+            r = self._ranked
+            if not r.cols:
+                self._holds = True
+            else:
+                lax = r.cols[0]
+                scale = 1 + abs(self._now) + np.abs(self._view.deadline_s[r.ids]).max() + np.abs(lax).max()
+                self._holds = bool(np.diff(np.sort(lax)).min() > 1e-8 * scale)
+        return self._holds
