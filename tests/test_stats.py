@@ -66,6 +66,22 @@ def test_vectorised_tau_matches_scipy_row_by_row():
 # ---------------------------------------------------------------------------------------------
 # Benjamini–Hochberg and BCa against scipy
 
+def test_cross_metrics_integer_signs_give_the_float_signs_tau_exactly():
+    # cross_metric works each metric's resampled signs out once, as int8 with a mask of the defined
+    # pairs; τ_b over every metric pair (some pairs undefined on one side, some rows tied or
+    # constant, a subset of the pairs) is _tau_from_signs' to the last bit
+    from portbench.stats.compare import _metric_signs, _paired_tau
+    rng = np.random.default_rng(3)
+    v = rng.integers(0, 4, size=(300, 3, 7)).astype(float)      # resamples x metrics x policies
+    v[rng.random(v.shape) < 0.05] = np.nan
+    v[:5, 1] = 2.0                                                # constant rankings
+    signs, float_signs = _metric_signs(v), S._signs(v)
+    for use in (np.ones(21, dtype=bool), rng.random(21) < 0.6):
+        for a, b in ((0, 1), (0, 2), (1, 2)):
+            want = S._tau_from_signs(float_signs[:, a][:, use], float_signs[:, b][:, use])
+            np.testing.assert_array_equal(_paired_tau(signs, a, b, use), want)
+
+
 def test_benjamini_hochberg_is_scipys_over_the_defined_entries():
     # hand-worked, m = 4 (the NaN is not counted): sorted p·m/i = 0.04, 0.06, 0.0533…, 0.20, then
     # the running minimum from the top gives 0.04, 0.0533…, 0.0533…, 0.20

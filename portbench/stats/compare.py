@@ -273,6 +273,39 @@ def cross_metric_summary(pairs: pd.DataFrame) -> dict:
             "n_defined": int(len(ok))}
 
 
+def _metric_signs(values: np.ndarray) -> list:
+    """:func:`~portbench.stats.rank._signs` of ``values`` (resamples × metrics × policies), one
+    metric at a time, as ``(signs, defined)``: int8 signs with the undefined pairs 0, and a boolean
+    mask of the defined ones (or None when all are). τ_b's arithmetic on signs is integer, so
+    :func:`_paired_tau` gives :func:`~portbench.stats.rank._tau_from_signs`'s values exactly, with a
+    metric's signs worked out once for all its pairs."""
+    out = []
+    for m in range(values.shape[1]):
+        s = _signs(np.ascontiguousarray(values[:, m]))
+        undefined = np.isnan(s)
+        out.append((np.where(undefined, 0, s).astype(np.int8), ~undefined if undefined.any() else None))
+    return out
+
+
+def _paired_tau(signs: list, a: int, b: int, use: np.ndarray) -> np.ndarray:
+    """τ_b of each resample between metrics ``a`` and ``b`` (:func:`_metric_signs`) over the
+    policy pairs ``use``, a pair undefined on either side left out (as ``_tau_from_signs``)."""
+    (sa, da), (sb, db) = signs[a], signs[b]
+    if not use.all():
+        sa, sb = sa[:, use], sb[:, use]
+        da = None if da is None else da[:, use]
+        db = None if db is None else db[:, use]
+    if da is not None or db is not None:
+        defined = da if db is None else db if da is None else da & db
+        sa, sb = np.where(defined, sa, 0), np.where(defined, sb, 0)
+    num = np.multiply(sa, sb, dtype=np.int8).sum(axis=-1, dtype=np.int64)
+    n1 = np.count_nonzero(sa, axis=-1)
+    n2 = np.count_nonzero(sb, axis=-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tau = num / np.sqrt(n1.astype(float) * n2)
+    return np.where((n1 > 0) & (n2 > 0), np.clip(tau, -1.0, 1.0), np.nan)
+
+
 def cross_metric(table: pd.DataFrame, source: str, region: str, *, metrics=tuple(METRICS),
                  policies=None, n_resamples: int = 2000, seed=0, confidence_level: float = 0.95,
                  min_policies: int = 3, slo_multiplier=BASE_SLO) -> CrossMetricResult:
@@ -298,7 +331,9 @@ def cross_metric(table: pd.DataFrame, source: str, region: str, *, metrics=tuple
     counts = _count_matrix(rng, nw, n_resamples) if nw else np.zeros((n_resamples, 0))
     boot = _weighted_means(counts, flat).reshape(n_resamples, nm, npol)
     jack = _weighted_means(_jackknife_weights(nw), flat).reshape(nw, nm, npol)
-    s_point, s_boot, s_jack = _signs(point), _signs(boot), _signs(jack)
+    s_point = _signs(point)
+    # the resampled signs per metric, once: as integers with undefined pairs 0, and where defined
+    s_boot, s_jack = _metric_signs(boot), _metric_signs(jack)
     ii, jj = _pair_index(npol)
     rows = []
     for a, b in itertools.combinations(range(nm), 2):
@@ -317,8 +352,8 @@ def cross_metric(table: pd.DataFrame, source: str, region: str, *, metrics=tuple
             continue
         use = common[ii] & common[jj]
         tau = float(_tau_from_signs(s_point[a][use], s_point[b][use]))
-        tb = _tau_from_signs(s_boot[:, a][:, use], s_boot[:, b][:, use])
-        tj = _tau_from_signs(s_jack[:, a][:, use], s_jack[:, b][:, use])
+        tb = _paired_tau(s_boot, a, b, use)
+        tj = _paired_tau(s_jack, a, b, use)
         pct = _percentile_interval(tb, confidence_level)
         bca = bca_interval(tau, tb, [tj], confidence_level)[0]
         row.update(tau_b=tau, ci_low=pct.low, ci_high=pct.high, bca_low=bca.low, bca_high=bca.high,
