@@ -22,7 +22,7 @@ from ..metrics import METRICS
 from .bootstrap import (_NAN_CI, ConfidenceInterval, _count_matrix, _jackknife_weights,
                         _percentile_interval, _point_means, _rng, _weighted_means, bca_interval,
                         benjamini_hochberg)
-from .rank import _pair_index, _signs, _tau_from_signs, _tau_rows, _top1
+from .rank import _pair_index, _signs, _tau_from_counts, _tau_from_signs, _tau_rows, _top1
 from .table import BASE_SLO, _policies, _regions, _select, _sources, _window_matrix
 
 
@@ -298,12 +298,8 @@ def _paired_tau(signs: list, a: int, b: int, use: np.ndarray) -> np.ndarray:
     if da is not None or db is not None:
         defined = da if db is None else db if da is None else da & db
         sa, sb = np.where(defined, sa, 0), np.where(defined, sb, 0)
-    num = np.multiply(sa, sb, dtype=np.int8).sum(axis=-1, dtype=np.int64)
-    n1 = np.count_nonzero(sa, axis=-1)
-    n2 = np.count_nonzero(sb, axis=-1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        tau = num / np.sqrt(n1.astype(float) * n2)
-    return np.where((n1 > 0) & (n2 > 0), np.clip(tau, -1.0, 1.0), np.nan)
+    return _tau_from_counts(np.multiply(sa, sb, dtype=np.int8).sum(axis=-1, dtype=np.int64),
+                            np.count_nonzero(sa, axis=-1), np.count_nonzero(sb, axis=-1))
 
 
 def cross_metric(table: pd.DataFrame, source: str, region: str, *, metrics=tuple(METRICS),

@@ -41,9 +41,12 @@ def _tau_from_signs(sx: np.ndarray, sy: np.ndarray) -> np.ndarray:
     valid = ~(np.isnan(sx) | np.isnan(sy))
     sx = np.where(valid, sx, 0.0)
     sy = np.where(valid, sy, 0.0)
-    num = (sx * sy).sum(axis=-1)
-    n1 = np.count_nonzero(sx, axis=-1)
-    n2 = np.count_nonzero(sy, axis=-1)
+    return _tau_from_counts((sx * sy).sum(axis=-1), np.count_nonzero(sx, axis=-1),
+                            np.count_nonzero(sy, axis=-1))
+
+
+def _tau_from_counts(num, n1, n2) -> np.ndarray:
+    """τ_b from Σ sx·sy and the counts of non-zero signs on each side (all over the defined pairs)."""
     with np.errstate(invalid="ignore", divide="ignore"):
         tau = num / np.sqrt(n1.astype(float) * n2)
     # n1 == 0 (or n2 == 0): one side is constant, τ_b undefined.
