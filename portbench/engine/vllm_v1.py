@@ -43,8 +43,11 @@ step in which the decision held every running request and the engine refused its
 ran, nothing was admitted or preempted: only the clock moved), a decision marked
 ``repeat_if_refused`` is repeated over the next idle steps at once, up to the next arrival, its
 clock timer or the drain bound; and a pure-decode step whose first proposal was refused for KV
-blocks starts a stretch like any other under such a decision (``fifo``'s, a fixed-data key's), as
-the refused request stays short of blocks while the others decode (see ``_refusal_repeats``).
+blocks starts a stretch like any other under such a decision (``fifo``'s; a key's that reads fixed
+data, the cached prefixes or the clock only where no two laxities nearly tie: see
+:class:`~portbench.engine.queue.KeyPolicy`), as the refused request stays short of blocks while the
+others decode; after a decision that read the cached prefixes, the step and its stretch take no
+block that a waiting request's hit uses (see ``_refusal_repeats``).
 ``tests/test_event_skipping.py`` checks all of it against the step-by-step walk, which runs the same
 step code but asks the policy at every step and jumps nowhere.
 """
@@ -504,8 +507,7 @@ class _V1Engine:
         self.refused: tuple = ()            # (request, reason) where the last decision's admissions stopped
         self._decision = _NO_DECISION       # the decision of the last executed step
         self._idle = False                  # the last executed step was idle (see _execute_step)
-        self._take_limit = None             # the most blocks the next stretch may take, if bounded
-        self._spare = self._free_at_ask = None  # see _refusal_repeats
+        self._free_floor = None             # free blocks the next stretch must leave, if bounded
         self._drain_end_ps = None           # no step starts at or after it (set at the last arrival)
         self.step_starts_ps = None          # a list when recording (the step-by-step check's diagnostics)
         # scratch rows for one step: at most max_active_sequences requests run in it
@@ -720,11 +722,11 @@ class _V1Engine:
                                               f"step {self.step}, which is not running")
                 self._preempt(i)
             preempted = True
-        # a decision that read the cached prefixes: the blocks that can be taken before one a hit uses
-        self._spare = None
+        # a decision that read the cached prefixes: the free blocks left once those that can be taken
+        # before one a waiting request's hit uses are gone (see _refusal_repeats)
+        floor = None
         if d is not None and view._cache_read and self._pool is not None and d.repeat_if_refused:
-            self._spare = self._pool.takes_sparing(st, self.waiting, self.free_blocks)
-            self._free_at_ask = self.free_blocks
+            floor = self.free_blocks - self._pool.takes_sparing(st, self.waiting, self.free_blocks)
         # running requests first
         run = np.array(running, dtype=np.int64)
         thr = self._threshold()
@@ -853,7 +855,7 @@ class _V1Engine:
         # the next steps repeat this one, which changed nothing but the clock, as long as the policy
         # would answer the same (its repeat_if_refused claim).
         self._idle = n_sched == 0 and bool(self.refused) and not preempted and bool(d.repeat_if_refused)
-        self._take_limit = None     # the most blocks a stretch may take (see _refusal_repeats)
+        self._free_floor = None
         # Blocked: with an admission-only policy, after any step in which every running request is
         # left decoding and no waiting one can be admitted, the next steps are pure decodes until a
         # completion, block exhaustion or an arrival that could be admitted.
@@ -865,9 +867,9 @@ class _V1Engine:
         # next steps repeat it until an arrival, a completion, block exhaustion or a policy timer.
         if prefill or admitted or preempted or n_fin or hold or not all_ran:
             return False, False
-        return not refused_for_room or self._refusal_repeats(view), False
+        return not refused_for_room or self._refusal_repeats(floor), False
 
-    def _refusal_repeats(self, view) -> bool:
+    def _refusal_repeats(self, floor) -> bool:
         """After a pure-decode step whose admission stopped at its first proposal for want of KV
         blocks, the next steps repeat it up to an event: a ``repeat_if_refused`` decision is the
         same until then (the policy's claim), and that request's blocks stay short. Decoding only
@@ -876,16 +878,16 @@ class _V1Engine:
         sequence's less its hit (``reserve_full_isl``), and an eviction cuts the hit by no more
         blocks than it takes out of the free ones. (A first chunk's blocks with a hit may shrink.)
         A decision that read the cached prefixes holds only while those of the waiting requests do:
-        counted from the decision (the step's start), the step and the stretch then take no more
-        blocks than the free queue yielded before a hit block (``_spare``, ``_take_limit``)."""
+        counted from the decision (the step's start), the step and the stretch then leave at least
+        ``floor`` free blocks, those that were behind the free queue's first hit block (the stretch
+        reads it from ``_free_floor``)."""
         if not (len(self.refused) == 1 and self.refused[0][1] == "kv"
                 and (self._pool is None or self.model.reserve_full_isl) and self._decision.repeat_if_refused):
             return False
-        if self._spare is not None:
-            taken = self._free_at_ask - self.free_blocks      # by this step's running requests
-            if taken > self._spare:
-                return False            # they may have evicted a hit the decision read
-            self._take_limit = self._spare - taken
+        if floor is not None:
+            if self.free_blocks < floor:
+                return False            # this step's running requests may have evicted a hit
+            self._free_floor = floor
         return True
 
     def _running_prefills(self, n_sched: int) -> tuple[int, int]:
@@ -942,7 +944,7 @@ class _V1Engine:
         D = len(self.running)
         C0 = self._kv
         # completions (the first one included) and KV blocks
-        free = self.free_blocks if self._take_limit is None else self._take_limit
+        free = self.free_blocks - (self._free_floor or 0)
         k = _stretch_bound(np.array(self.running, dtype=np.int64), self.st, free, m.block_size, _MAX_STRETCH)
         # the next arrival that matters: every step of the stretch must start before it
         stop = nxt
