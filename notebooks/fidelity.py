@@ -536,7 +536,11 @@ show(cases.choice_case(ch))
 # configurations {glue:text}`fid_native_configs:s`, policies {glue:text}`fid_native_policies:s`;
 # `benchmarks/native_vs_model.py --save`), {glue:text}`fid_native_identical_runs_share:.1%` are
 # identical to the picosecond in every request's admission, first token and finish. The first
-# differing step of each other run is classed: {glue:text}`fid_native_classes:s`.
+# differing step of each other run is classed: {glue:text}`fid_native_classes:s`. Not in the check:
+# {glue:text}`fid_native_no_form:s`, which have no vLLM form this engine model runs (a policy that is
+# not a key has none; `slai_faithful`'s scheduler port reads the wall clock, and `vllm_faithful`'s
+# form is FIFO under its own engine settings); policies it runs but the stored check lacks in some
+# configuration: {glue:text}`fid_native_lacking:s`.
 
 # %%
 show(cases.native_equivalence(ch))

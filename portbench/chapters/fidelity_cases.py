@@ -333,7 +333,8 @@ def native_equivalence(ch: Chapter) -> Section:
     path = results.native_check_path(ch.data_dir)
     if not path.exists():
         return Section(numbers={"fid_native_identical_runs_share": float("nan"), "fid_native_runs": 0,
-                                "fid_native_classes": "not run"})
+                                "fid_native_classes": "not run", "fid_native_no_form": "n/a",
+                                "fid_native_lacking": "n/a"})
     runs = pd.read_csv(path)
     by = runs.groupby(["config", "policy"], sort=False)
     table = pd.DataFrame({"runs": by.size(), "identical": by["identical"].sum(),
@@ -351,9 +352,26 @@ def native_equivalence(ch: Chapter) -> Section:
                     for cls, n in classes.items()], empty="none")}
     for (config, policy), row in table.iterrows():
         numbers[f"fid_native_identical_share_{config}_{policy}"] = float(row["share identical"])
+    numbers.update(_native_coverage(runs))
     legend = pd.DataFrame({"class": classes.index, "runs": classes.to_numpy(),
                            "what it is": [CLASSES.get(c, "logs agree; stamps differ") for c in classes.index]})
     return Section(numbers=numbers, shown=[present.table(table, digits=3), present.table(legend)])
+
+
+def _native_coverage(runs: pd.DataFrame) -> dict:
+    """Which registered policies the native check leaves out, and why: those with no vLLM form that
+    ``vllm_native`` runs (:func:`~portbench.engine.vllm_native.native_policies`), and those it runs
+    that the stored check lacks in some configuration."""
+    from ..engine.vllm_native import native_policies
+    from ..policies import available
+
+    runnable = native_policies()
+    configs = list(dict.fromkeys(runs["config"]))
+    have = set(zip(runs["config"], runs["policy"]))
+    lacking = [f"{p} ({present.join([c for c in configs if (c, p) not in have])})"
+               for p in runnable if any((c, p) not in have for c in configs)]
+    return {"fid_native_no_form": present.join([p for p in available() if p not in runnable]),
+            "fid_native_lacking": present.join(lacking, empty="none")}
 
 
 # --- 3. the head-of-line ablation, 4. the headline numbers ----------------------------------------
