@@ -244,6 +244,17 @@ def test_vllm_v1_has_no_eviction_by_a_waiting_request(vllm):
     assert cls == "waiting_eviction"
 
 
+def test_a_request_no_eviction_can_fit_is_passed_over_by_the_model_and_stops_vllm(vllm):
+    # 4 KV blocks. Request 0 (late deadline) runs on 2; request 1 (earliest deadline) needs 5 blocks,
+    # more than the whole cache; request 2 needs 1. The simulator's vllm_priority passes over request
+    # 1 (evicting request 0 would not make it fit) and admits request 2; vLLM stops at its queue head.
+    w = make_window("t", "test", [0.0, 0.5e-3, 0.6e-3], [32, 80, 16], [20, 1, 2], [1000, 1, 5])
+    assert w.deadline_s[1] < w.deadline_s[2] < w.deadline_s[0]
+    cls, detail = first_difference(w, "vllm_priority", {"max_kv_tokens": 64, "max_num_batched_tokens": 64,
+                                                        "max_active_sequences": 8})
+    assert cls == "waiting_eviction" and "passed over request 1" in detail, detail
+
+
 def test_without_chunked_prefill_a_prompt_over_the_budget_left_stops_admission(vllm):
     w = tiny([0, 0], [40, 40], [3, 3])
     shared = {"max_num_batched_tokens": 64, "max_active_sequences": 8}

@@ -563,8 +563,10 @@ CLASSES = {
                            "2026-12-05)",
     "lone_long_prefill": "vLLM lifts long_prefill_token_threshold while a single request is in the "
                          "engine; the model caps it always (vllm_v1 lifts it since 2026-12-05)",
-    "waiting_eviction": "the policy's eviction of running requests by a waiting one (vLLM v0's rule); "
-                        "vLLM v1 preempts only when a running request cannot grow",
+    "waiting_eviction": "the policy's eviction of running requests by a waiting one (vLLM v0's rule), "
+                        "or its walk passing over a waiting request that no eviction could fit; vLLM "
+                        "v1 preempts only when a running request cannot grow, and stops admission at "
+                        "a request that does not fit",
     "preemption_victim": "another victim: vLLM's priority policy preempts the running request of "
                          "lowest priority (latest arrival), vllm_v1 the newest admission (or, when "
                          "that is the request itself, none) (vllm_v1 has vLLM's rule since "
@@ -709,6 +711,13 @@ def classify_step(k: int, model_steps, native_steps, window, policy_name: str,
             if again:
                 return "preempted_queue_position", (f"vllm_v1 admitted {only_m}, vLLM {only_n}; "
                                                     f"preempted before: {again}")
+            from ..policies import make_policy
+            x = None if na.head is None else na.head[0]
+            if (only_m and x is not None and x in mo.waiting and x not in entered_m
+                    and getattr(make_policy(policy_name), "evict", False)):
+                return "waiting_eviction", (f"vllm_v1 passed over request {x}, which no eviction "
+                                            f"could fit, and admitted {only_m}; vLLM stopped at it "
+                                            f"(free blocks {na.free_blocks}, then {na.free_after})")
             from ..realengine.vllm_settings import priorities
             prio = priorities(window, policy_name)
             if only_m and only_n and prio[only_m[0]] == prio[only_n[0]]:
