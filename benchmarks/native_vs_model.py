@@ -21,6 +21,8 @@ Configurations (``--configs``):
   engine models), ``max_model_len`` 32,768 (vLLM's), at most 32 requests running (the study's 32
   client threads, as an engine cap here), 500,000 KV tokens;
 - ``long_prefill``: the campaign's with ``long_prefill_token_threshold`` 256;
+- ``slai``: the campaign's with ``slai_faithful``'s engine settings on vLLM (a 512-token budget, 128
+  sequences), so that its scheduler port and the simulator's policy share a budget;
 - ``campaign_cache``: the campaign's with vLLM's prefix cache on in both (``enable_prefix_caching``;
   RQ9), and vLLM's ``max_model_len`` raised to the KV cache (131,072 tokens): ``vllm_v1`` has no
   such limit, and Mooncake's longest requests (up to 126,527 tokens) exceed vLLM's 32,768 default.
@@ -80,6 +82,7 @@ CONFIGS = {
     "study": ({"max_num_batched_tokens": 32768, "max_active_sequences": 32, "max_kv_tokens": 500_000,
                "enable_chunked_prefill": False}, {"max_model_len": 32768}),
     "long_prefill": ({"long_prefill_token_threshold": 256}, {}),
+    "slai": ({"max_num_batched_tokens": 512, "max_active_sequences": 128}, {}),
     "campaign_cache": ({"enable_prefix_caching": True}, {"max_model_len": 131072}),
 }
 

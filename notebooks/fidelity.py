@@ -538,9 +538,9 @@ show(cases.choice_case(ch))
 # identical to the picosecond in every request's admission, first token and finish. The first
 # differing step of each other run is classed: {glue:text}`fid_native_classes:s`. Not in the check:
 # {glue:text}`fid_native_no_form:s`, which have no vLLM form this engine model runs (a policy that is
-# not a key has none; `slai_faithful`'s scheduler port reads the wall clock, and `vllm_faithful`'s
-# form is FIFO under its own engine settings); policies it runs but the stored check lacks in some
-# configuration: {glue:text}`fid_native_lacking:s`.
+# not a key has none but for `slai_faithful`, whose real-engine scheduler port runs here on the
+# virtual clock; `vllm_faithful`'s form is FIFO under its own engine settings); policies it runs but
+# the stored check lacks in some configuration: {glue:text}`fid_native_lacking:s`.
 
 # %%
 show(cases.native_equivalence(ch))

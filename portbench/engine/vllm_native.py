@@ -26,10 +26,11 @@ is vLLM's ``fcfs``; ``edf``, ``vllm_priority``, ``estimated_service_time_first``
 real replay (:func:`~portbench.realengine.vllm_settings.priorities`); every other key policy, a
 user's own included, runs through the key adapter
 (:class:`~portbench.realengine.vllm_key_scheduler.KeyPolicyScheduler`: vLLM's FCFS queue in the
-key's order before each step, the key reading this model's virtual clock). ``vllm_faithful``'s vLLM
-form is engine settings (a 2,560-token budget, chunked prefill off), so it is refused: run ``fifo``
-on a model configured that way. ``slai_faithful``'s own scheduler port reads the wall clock and is
-not run here, nor is any other policy that is not a key.
+key's order before each step, the key reading this model's virtual clock). ``slai_faithful`` runs
+its real-engine scheduler port (:class:`~portbench.realengine.vllm_slai_scheduler.SlaiScheduler`) on
+the virtual clock, Θ counting the rule's 1 ms step (on the real engine the port measures its step).
+``vllm_faithful``'s vLLM form is engine settings (a 2,560-token budget, chunked prefill off), so it is
+refused: run ``fifo`` on a model configured that way. No other policy that is not a key runs here.
 
 vLLM rules this model has and ``vllm_v1`` does not (see ``benchmarks/native_vs_model.py``):
 ``max_model_len``, and priority scheduling's preemption victim (the running request of lowest
@@ -79,6 +80,8 @@ VLLM_SETUP = "make setup-vllm"
 #: Request ids are the window's indices, zero-padded: vLLM's priority queue breaks a tie of
 #: (priority, arrival) by the id's text, which is then the window's order (the simulator's).
 _ID_WIDTH = 7
+#: SLAI's scheduler port (``slai_faithful``'s ``PolicySpec.scheduler_cls``), run here on the virtual clock.
+SLAI_SCHEDULER = "portbench.realengine.vllm_slai_scheduler.SlaiScheduler"
 #: The token every sampled output is (any id; ``ignore_eos`` makes the value irrelevant).
 _TOKEN = 7
 
@@ -242,9 +245,9 @@ def _spec(policy_name: str):
     except (KeyError, ValueError) as e:
         reason = str(e.args[0] if e.args else e).split("; runnable")[0]
         raise ValueError(f"policy {policy_name!r} has no vLLM form this engine model can run ({reason})") from None
-    if spec.scheduler_cls not in (None, KEY_SCHEDULER):
+    if spec.scheduler_cls not in (None, KEY_SCHEDULER, SLAI_SCHEDULER):
         raise ValueError(f"policy {policy_name!r} runs on vLLM through its own scheduler port "
-                         f"({spec.scheduler_cls}), which reads the wall clock, not a virtual one")
+                         f"({spec.scheduler_cls}), which this engine model cannot put on its clock")
     return spec
 
 
@@ -329,14 +332,18 @@ def _block_hasher(block_size: int, algo: str):
     return get_request_block_hasher(block_size, fn)
 
 
-def build_scheduler(model: VllmNativeModel, scheduling_policy: str = "fcfs", key_adapter: bool = False):
+def build_scheduler(model: VllmNativeModel, scheduling_policy: str = "fcfs", scheduler_cls: str | None = None):
     """A fresh vLLM :class:`Scheduler` (and its KV-cache manager) configured as ``model``; with
-    ``key_adapter``, the key adapter (:class:`~portbench.realengine.vllm_key_scheduler.KeyPolicyScheduler`)."""
+    ``scheduler_cls`` (a qualified name, a policy's ``PolicySpec.scheduler_cls``), that subclass: the
+    key adapter (:class:`~portbench.realengine.vllm_key_scheduler.KeyPolicyScheduler`) or SLAI's port."""
+    import importlib
+
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.structured_output import StructuredOutputManager
 
-    if key_adapter:
-        from ..realengine.vllm_key_scheduler import KeyPolicyScheduler as Scheduler   # noqa: N814
+    if scheduler_cls is not None:
+        module, _, name = scheduler_cls.rpartition(".")
+        Scheduler = getattr(importlib.import_module(module), name)      # noqa: N806
     config = _vllm_config(model, scheduling_policy)
     return Scheduler(vllm_config=config, kv_cache_config=_kv_cache_config(model),
                      structured_output_manager=StructuredOutputManager(config),
@@ -371,6 +378,7 @@ class _NativeEngine:
 
         spec = native_spec(policy.name)
         self.scheduling_policy = spec.scheduling_policy
+        self.scheduler_cls = spec.scheduler_cls
         self.key_adapter = spec.scheduler_cls == KEY_SCHEDULER
         self.window = window
         self.priority = np.ones(n) if priority is None else np.asarray(priority, dtype=np.float64)
@@ -420,10 +428,15 @@ class _NativeEngine:
         m, n = self.model, self.n
         if n == 0:
             return
-        sched = build_scheduler(m, self.scheduling_policy, self.key_adapter)
+        sched = build_scheduler(m, self.scheduling_policy, self.scheduler_cls)
         if self.key_adapter:        # the policy's own order, on the virtual clock
             sched.begin_key_replay(self.policy, self.window, index_of=int, clock=lambda: self.t_ps / PS,
                                    priority=self.priority)
+        elif self.scheduler_cls == SLAI_SCHEDULER:
+            # SLAI's port on the virtual clock, Θ counting the rule's step (the simulator's 1 ms),
+            # not one measured between calls as on the real engine
+            sched.slai_configure(step_ema=0.0, **dataclasses.asdict(self.policy.rule))
+            sched.slai_use_clock(lambda: self.t_ps / PS)
         hasher = None
         token, nothing = [_TOKEN], []
         if m.enable_prefix_caching:
@@ -581,6 +594,11 @@ CLASSES = {
     "cache_hit": "prefix caching: a request admitted in both with another hit (tokens computed at "
                  "admission), or an admission in one only of a request with a hit (blocks cached, "
                  "evicted or counted otherwise)",
+    "slai_step_plan": "SLAI plans a step's admissions before its non-critical decodes take the rest of "
+                      "the budget: the simulator's slai_faithful on its own prompt-only block count "
+                      "(the study's), its vLLM port on vLLM's free blocks and full-sequence gate; where "
+                      "the two disagree on the queue head, one holds decodes the other serves, or admits "
+                      "a request the other does not",
     "admission": "another admission (not one of the rules above)",
     "chunk_tokens": "the same requests scheduled with other token counts",
     "step_time": "the same decisions, another step start",
@@ -676,6 +694,12 @@ def classify_step(k: int, model_steps, native_steps, window, policy_name: str,
         return "preemption_count", seen
     entered_m = [i for i in mo.scheduled if i not in mo.running]
     entered_n = [i for i in na.scheduled if i not in na.running]
+    if policy_name == "slai_faithful" and (set(entered_m) != set(entered_n) or set(mo.scheduled) != set(na.scheduled)):
+        return "slai_step_plan", (f"vllm_v1 admitted {sorted(entered_m)} and served "
+                                  f"{len(set(mo.scheduled) & set(mo.running))} of {len(mo.running)} running; "
+                                  f"vLLM admitted {sorted(entered_n)} and served "
+                                  f"{len(set(na.scheduled) & set(na.running))} (free blocks {na.free_blocks}, "
+                                  f"then {na.free_after}; queue head after vLLM's step {na.head})")
     if native.enable_prefix_caching:
         both = [i for i in entered_n if i in set(entered_m)]
         other = {i: (mo.hits.get(i, 0), na.hits.get(i, 0)) for i in both

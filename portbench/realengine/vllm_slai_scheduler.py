@@ -23,7 +23,8 @@ source; the scheduler API is not public and changes between releases):
   KV blocks) would take from the budget, and keeps only as many non-critical decodes as fit in the
   rest; the others are taken out of ``self.running`` for that one :meth:`schedule` call and put back
   at their place afterwards (no preemption, no KV freed, no state lost).
-- **LST** uses the real clock (``time.monotonic``); ``step`` in ``Θ·step`` is an exponential moving
+- **LST** uses the real clock (``time.monotonic``; :meth:`SlaiScheduler.slai_use_clock` gives it
+  another, e.g. ``vllm_native``'s virtual one); ``step`` in ``Θ·step`` is an exponential moving
   average of the measured interval between consecutive busy scheduler calls (the engine's real step
   time), started from the study's 1 ms; ``tbt_s`` (default 0.5 s, the study's single TBT tier) is in
   real seconds. A decode's LST is refreshed whenever vLLM actually scheduled it.
@@ -77,7 +78,8 @@ class SlaiScheduler(Scheduler):
     """
 
     rule: SlaiRule = SLAI               # SLAI's parameters and rule, shared with the simulator
-    step_ema: float = 0.2               # smoothing of the measured step length Θ counts
+    step_ema: float = 0.2               # smoothing of the measured step length Θ counts (0: the rule's)
+    clock = staticmethod(time.monotonic)  # now, in seconds
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -92,6 +94,12 @@ class SlaiScheduler(Scheduler):
             if key not in known:
                 raise KeyError(f"unknown SLAI parameter {key!r}; known: {', '.join(sorted(known))}, step_ema")
         self.rule = dataclasses.replace(SLAI, **params)
+        self.slai_reset()
+
+    def slai_use_clock(self, clock) -> None:
+        """Read ``clock()`` (seconds) as now, instead of the wall clock (``vllm_native`` steps this
+        scheduler in virtual time)."""
+        self.clock = clock
         self.slai_reset()
 
     def slai_reset(self) -> None:
@@ -110,12 +118,17 @@ class SlaiScheduler(Scheduler):
 
     # -- the step -------------------------------------------------------------------------------
     def _estimate_admission_tokens(self, budget_left: int, n_running: int) -> int:
-        """Tokens vLLM's waiting pass would take this step, walking the queue in heap order."""
+        """Tokens vLLM's waiting pass would take this step, walking the queue in heap order. A request
+        goes in when its first chunk's blocks are free, or, with vLLM's ``scheduler_reserve_full_isl``
+        (0.32's default), those of its whole sequence (the blocks a prefix-cache hit would save are
+        not counted); the KV manager's watermark is kept free once a request is scheduled."""
         used = 0
         seqs = n_running
         chunked = self.scheduler_config.enable_chunked_prefill
+        full = getattr(self.scheduler_config, "scheduler_reserve_full_isl", False)
+        kvm = self.kv_cache_manager
         try:
-            free_blocks = self.kv_cache_manager.block_pool.get_num_free_blocks()
+            free_blocks = kvm.block_pool.get_num_free_blocks()
         except AttributeError:                  # a different KV manager: skip the block check
             free_blocks = math.inf
         for req in self.waiting:
@@ -126,7 +139,10 @@ class SlaiScheduler(Scheduler):
             if not chunked and need > budget_left - used:
                 break
             blocks = -(-(req.num_computed_tokens + take) // self.block_size)
-            if blocks > free_blocks:
+            gate = -(-min(req.num_tokens, self.max_model_len) // self.block_size) if full else blocks
+            if seqs:
+                gate += getattr(kvm, "watermark_blocks", 0)
+            if max(gate, blocks) > free_blocks:
                 break
             free_blocks -= blocks
             used += take
@@ -134,7 +150,7 @@ class SlaiScheduler(Scheduler):
         return used
 
     def schedule(self, *args, **kwargs):
-        now = time.monotonic()
+        now = self.clock()
         if self._last_call is not None and self.running:
             dt = now - self._last_call
             if dt < 1.0:                         # a busy engine: the interval is one real step
