@@ -45,6 +45,8 @@ chapter reads them (:func:`portbench.results.native_check_path`):
 
     .venv-vllm/bin/python benchmarks/native_vs_model.py --windows-per-source 0 --configs campaign study \
         long_prefill --policies fifo edf vllm_priority --no-lssp --save
+    .venv-vllm/bin/python benchmarks/native_vs_model.py --windows-per-source 0 --configs slai \
+        --policies slai_faithful --no-lssp --save --merge      # SLAI's port, on its engine settings
 
 RQ9's check (prefix caching, Mooncake windows, λ_ref calibrated on ``vllm_v1`` with the cache on):
 

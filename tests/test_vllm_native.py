@@ -81,8 +81,8 @@ def test_policies_map_to_vllms_own_scheduling_policies():
         nat.native_form("vllm_faithful")
     with pytest.raises(ValueError, match="no vLLM form"):
         nat.native_form("las")                           # not a key: it holds and preempts
-    with pytest.raises(ValueError, match="own scheduler port"):
-        nat.native_form("slai_faithful")
+    assert nat.native_form("slai_faithful") == "priority"     # its port, on the virtual clock
+    assert not nat.uses_key_adapter("slai_faithful")
     # every other key policy runs through the key adapter, vLLM's FCFS queue in the key's order
     assert {"sjf_aging", "lof", "hrrn", "shortest_prefill_first"} <= set(nat.native_policies())
     assert nat.uses_key_adapter("sjf_aging") and not nat.uses_key_adapter("edf")

@@ -358,18 +358,26 @@ def native_equivalence(ch: Chapter) -> Section:
     return Section(numbers=numbers, shown=[present.table(table, digits=3), present.table(legend)])
 
 
+#: Policies checked in a configuration of their own (their engine settings on vLLM), and only there.
+_OWN_NATIVE_CONFIG = {"slai_faithful": "slai"}
+
+
 def _native_coverage(runs: pd.DataFrame) -> dict:
     """Which registered policies the native check leaves out, and why: those with no vLLM form that
     ``vllm_native`` runs (:func:`~portbench.engine.vllm_native.native_policies`), and those it runs
-    that the stored check lacks in some configuration."""
+    that the stored check lacks in some configuration (every shared one, or its own:
+    :data:`_OWN_NATIVE_CONFIG`)."""
     from ..engine.vllm_native import native_policies
     from ..policies import available
 
     runnable = native_policies()
-    configs = list(dict.fromkeys(runs["config"]))
+    shared = [c for c in dict.fromkeys(runs["config"]) if c not in _OWN_NATIVE_CONFIG.values()]
     have = set(zip(runs["config"], runs["policy"]))
-    lacking = [f"{p} ({present.join([c for c in configs if (c, p) not in have])})"
-               for p in runnable if any((c, p) not in have for c in configs)]
+    lacking = []
+    for p in runnable:
+        missing = [c for c in ([_OWN_NATIVE_CONFIG[p]] if p in _OWN_NATIVE_CONFIG else shared) if (c, p) not in have]
+        if missing:
+            lacking.append(f"{p} ({present.join(missing)})")
     return {"fid_native_no_form": present.join([p for p in available() if p not in runnable]),
             "fid_native_lacking": present.join(lacking, empty="none")}
 

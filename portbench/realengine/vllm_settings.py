@@ -30,7 +30,9 @@ lower = earlier, static per request, ties by arrival then id):
                            static order equals the dynamic one
 ``slai_faithful``          :class:`~portbench.realengine.vllm_slai_scheduler.SlaiScheduler`
                            (``scheduler_cls``), priority scheduling, 512-token budget, chunked
-                           prefill, 128 seqs
+                           prefill, 128 seqs; priority = the prompt's length (the port sets it
+                           itself; an engine model reads it to preempt as vLLM does, the longest
+                           prompt first)
 ``vllm_priority``          vLLM's own priority scheduling, priority = deadline (µs, as its real
                            runs had it; the same order as ``edf``'s rank but for deadlines within
                            a microsecond), ``edf``'s engine settings. The simulator's ``vllm_priority`` also lets
@@ -105,7 +107,11 @@ def _prio_laxity(w: Window) -> np.ndarray:
     return np.rint((w.deadline_s - _est(w)) * 1e6)
 
 
-_PRIORITY = {"deadline": _prio_deadline, "laxity": _prio_laxity}
+def _prio_prompt(w: Window) -> np.ndarray:
+    return w.input_tokens
+
+
+_PRIORITY = {"deadline": _prio_deadline, "laxity": _prio_laxity, "prompt": _prio_prompt}
 
 POLICIES: dict[str, PolicySpec] = {
     "fifo": PolicySpec("fcfs", description="vLLM FCFS, chunked prefill"),
@@ -123,6 +129,7 @@ POLICIES: dict[str, PolicySpec] = {
                                                    "output), the study's unit quirk"),
     "slai_faithful": PolicySpec("priority", max_num_batched_tokens=512, max_num_seqs=128,
                                 scheduler_cls="portbench.realengine.vllm_slai_scheduler.SlaiScheduler",
+                                priority="prompt",
                                 description="SLAI scheduler subclass: critical decodes first, "
                                             "shortest-prompt-first admission, decode holds"),
     "vllm_priority": PolicySpec("priority", priority="deadline",
