@@ -677,6 +677,14 @@ def classify_step(k: int, model_steps, native_steps, window, policy_name: str,
     mo, na = model_steps[k], native_steps[k]
     bs = native.block_size
     pm, pn = set(mo.preempted), set(na.preempted)
+    # SLAI's two step plans: other requests served (or admitted), not only another victim
+    if policy_name == "slai_faithful" and set(mo.scheduled) | pm != set(na.scheduled) | pn:
+        return "slai_step_plan", (f"vllm_v1 admitted {sorted(set(mo.scheduled) - set(mo.running))} and "
+                                  f"served {len(set(mo.scheduled) & set(mo.running))} of {len(mo.running)} "
+                                  f"running; vLLM admitted {sorted(set(na.scheduled) - set(na.running))} and "
+                                  f"served {len(set(na.scheduled) & set(na.running))} (free blocks "
+                                  f"{na.free_blocks}, then {na.free_after}; queue head after vLLM's step "
+                                  f"{na.head}; preempted: {sorted(pm)}, {sorted(pn)})")
     if pm != pn:
         extra = pn - pm
         if (len(extra) == 1 and pm <= pn and (r := next(iter(extra))) in mo.running
@@ -694,12 +702,6 @@ def classify_step(k: int, model_steps, native_steps, window, policy_name: str,
         return "preemption_count", seen
     entered_m = [i for i in mo.scheduled if i not in mo.running]
     entered_n = [i for i in na.scheduled if i not in na.running]
-    if policy_name == "slai_faithful" and (set(entered_m) != set(entered_n) or set(mo.scheduled) != set(na.scheduled)):
-        return "slai_step_plan", (f"vllm_v1 admitted {sorted(entered_m)} and served "
-                                  f"{len(set(mo.scheduled) & set(mo.running))} of {len(mo.running)} running; "
-                                  f"vLLM admitted {sorted(entered_n)} and served "
-                                  f"{len(set(na.scheduled) & set(na.running))} (free blocks {na.free_blocks}, "
-                                  f"then {na.free_after}; queue head after vLLM's step {na.head})")
     if native.enable_prefix_caching:
         both = [i for i in entered_n if i in set(entered_m)]
         other = {i: (mo.hits.get(i, 0), na.hits.get(i, 0)) for i in both
