@@ -22,7 +22,9 @@ Configurations (``--configs``):
   client threads, as an engine cap here), 500,000 KV tokens;
 - ``long_prefill``: the campaign's with ``long_prefill_token_threshold`` 256;
 - ``slai``: the campaign's with ``slai_faithful``'s engine settings on vLLM (a 512-token budget, 128
-  sequences), so that its scheduler port and the simulator's policy share a budget;
+  sequences), its rule's own defaults. In every configuration ``slai_faithful``'s rule takes the
+  engine's token budget and sequence cap (:func:`policy_for`, as the real runs set them), so that its
+  scheduler port and the simulator's policy plan the step the engine runs;
 - ``campaign_cache``: the campaign's with vLLM's prefix cache on in both (``enable_prefix_caching``;
   RQ9), and vLLM's ``max_model_len`` raised to the KV cache (131,072 tokens): ``vllm_v1`` has no
   such limit, and Mooncake's longest requests (up to 126,527 tokens) exceed vLLM's 32,768 default.
@@ -58,6 +60,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import sys
 import time
 from pathlib import Path
@@ -143,10 +146,22 @@ def calibrated_lambda_refs(windows, config: str) -> dict:
     return found
 
 
-def timed(window, policy: str, model):
-    """(RunResult, wall seconds, prompt tokens admissions took from the prefix cache or None)."""
+def policy_for(config: str, name: str):
+    """A fresh ``name`` for ``config``: ``slai_faithful``'s rule takes the configuration's token
+    budget and sequence cap (as the real runs set them, :mod:`portbench.realconfig`), so that SLAI
+    plans the step the engine runs; every other policy as registered."""
+    if name != "slai_faithful":
+        return make_policy(name)
+    model = models(config)[0]
+    return make_policy(name, token_budget=model.max_num_batched_tokens,
+                       max_num_seqs=model.max_active_sequences)
+
+
+def timed(window, policy, model):
+    """(RunResult, wall seconds, prompt tokens admissions took from the prefix cache or None) of a
+    run under ``policy`` (a callable returning a fresh policy)."""
     t = time.perf_counter()
-    engine = model.make_engine(window, make_policy(policy))
+    engine = model.make_engine(window, policy())
     engine.run()
     result = engine.result(window)
     return result, time.perf_counter() - t, getattr(engine, "hit_tokens", None)
@@ -165,14 +180,15 @@ def n_differing(a, b) -> int:
     return int((~same).sum())
 
 
-def compare(window, policy: str, model, native):
-    """(class, step, detail) of the first differing step of one run (None when none differs)."""
-    _, ms = nat.record_model_steps(window, make_policy(policy), model)
-    _, ns = nat.record_native_steps(window, make_policy(policy), native)
+def compare(window, policy, model, native):
+    """(class, step, detail) of the first differing step of one run under ``policy`` (a callable
+    returning a fresh policy); None when none differs."""
+    _, ms = nat.record_model_steps(window, policy(), model)
+    _, ns = nat.record_native_steps(window, policy(), native)
     k = nat.first_differing_step(ms, ns)
     if k is None:
         return None, None, "step logs agree"
-    cls, detail = nat.classify_step(k, ms, ns, window, policy, native)
+    cls, detail = nat.classify_step(k, ms, ns, window, policy().name, native)
     return cls, k, detail
 
 
@@ -228,7 +244,7 @@ def main(argv=None) -> int:
         first = scale(windows[0], lams[config][windows[0].window_id])
         for p in args.policies:
             for m in (*models(config), LsspModel()):       # numba's loops are loaded here too
-                simulate(first, make_policy(p), m)
+                simulate(first, policy_for(config, p), m)
     print(f"vLLM {nat.vllm_version()} loaded and configured in {time.perf_counter() - t:.1f} s; "
           f"{len(windows)} windows x {len(args.regions)} regions")
     rows = []
@@ -236,6 +252,7 @@ def main(argv=None) -> int:
         model, native = models(config)
         lam = lams[config]
         for policy in args.policies:
+            new = functools.partial(policy_for, config, policy)
             wall = collections.Counter()
             n_req = 0
             classes = collections.Counter()
@@ -245,12 +262,12 @@ def main(argv=None) -> int:
             for w in windows:
                 for region in args.regions:
                     s = scale(w, lam[w.window_id] * REGIONS[region])
-                    a, ta, _ = timed(s, policy, model)
-                    b, tb, hits = timed(s, policy, native)
+                    a, ta, _ = timed(s, new, model)
+                    b, tb, hits = timed(s, new, native)
                     wall["vllm_v1"] += ta
                     wall["vllm_native"] += tb
                     if not args.no_lssp:
-                        wall["lssp"] += timed(s, policy, LsspModel())[1]
+                        wall["lssp"] += timed(s, new, LsspModel())[1]
                     n_req += len(s)
                     hit += hits or 0
                     prompt += int(s.input_tokens.sum())
@@ -260,7 +277,7 @@ def main(argv=None) -> int:
                     cls = step = None
                     detail = ""
                     if not same:
-                        cls, step, detail = compare(s, policy, model, native)
+                        cls, step, detail = compare(s, new, model, native)
                         cls = cls or "stamps_only"
                         classes[cls] += 1
                         examples.setdefault(cls, (w.window_id, region, step, detail))

@@ -162,6 +162,9 @@ sjf_gap = max(float((m["cache_aware_sjf"] - m["estimated_service_time_first"]).a
 lpm_gap = max(float((m[p] - m["fifo"]).abs().max()) for m in means.values() for p in ("lpm", "dfs_weight"))
 glue("rq9_sjf_vs_est", present.num(sjf_gap, 3), display=False)
 glue("rq9_lpm_vs_fifo", present.num(lpm_gap, 3), display=False)
+glue("rq9_preemptions_by_capacity", present.join(
+    [f"{present.num(t['n_preemptions'].mean(), 1)} at {reading.capacity_label(kv)}" for kv, t in on_by_capacity.items()]),
+    display=False)
 
 fig, axes = plt.subplots(1, len(rq9.CACHE_AWARE), figsize=(4.2 * len(rq9.CACHE_AWARE), 3.5), sharey=True)
 for ax, policy in zip(np.atleast_1d(axes), rq9.CACHE_AWARE):
@@ -197,7 +200,8 @@ present.figure("rq9_advantage", fig, output_dir, "rq9_advantage.png")
 # percent of the looked-up tokens in the cache, ordering by the cached prefix changes little. A
 # larger capacity hardly changes either, since what limits the hits here is what the windows share,
 # not what the cache can hold: the hit rate is even a little lower with more capacity (table above),
-# as fewer preemptions leave fewer requests to find their own blocks again.
+# where fewer preemptions (per cell, over all policies and regions:
+# {glue:text}`rq9_preemptions_by_capacity:s`) leave fewer requests to find their own blocks again.
 
 # %% [markdown]
 # ## Hit rate beside rank
@@ -230,6 +234,13 @@ n_requests = faithful[["n_completed", "n_dropped", "n_unfinished"]].to_numpy().s
 glue("rq9_faithful_completed", present.pct(faithful["n_completed"].sum() / n_requests, 1)
      if len(faithful) else "n/a", display=False)
 glue("rq9_hit_rank_tau", present.num(corr, 2), display=False)
+preempting = reading.preempting_cells(off, on, policies=PANEL)
+stopped = preempting[preempting["drop"] >= 0.5]
+glue("rq9_stop_preempting", present.join(
+    [f"`{p}` ({present.pct(r.off, 0)} off, {present.pct(r.on, 0)} on)" for p, r in stopped.iterrows()],
+    empty="no policy"), display=False)
+glue("rq9_fifo_preempting", f"{present.pct(preempting.loc['fifo', 'off'], 0)} and "
+     f"{present.pct(preempting.loc['fifo', 'on'], 0)}" if "fifo" in preempting.index else "n/a", display=False)
 
 # %% [markdown]
 # :::{glue:figure} rq9_hits
@@ -245,6 +256,19 @@ glue("rq9_hit_rank_tau", present.num(corr, 2), display=False)
 # still cached, so a policy that preempts often has a higher hit rate without serving more shared
 # prefixes: `vllm_priority` preempts about {glue:text}`rq9_priority_preemptions` times per window at
 # {glue:text}`rq9_focus_region:s`, FIFO {glue:text}`rq9_fifo_preemptions`.
+#
+# Some policies stop preempting once the cache is on. With the cache off, then on at
+# {glue:text}`rq9_capacity:s`, the share of cells (window × region) in which the engine preempted
+# at least once falls from most to almost none for {glue:text}`rq9_stop_preempting:s`; FIFO's is
+# {glue:text}`rq9_fifo_preempting:s`.
+# What these policies share: they book admissions on their own count of the KV cache (the study's
+# rules: SLAI's prompt-only block count; the running requests' tokens, `kv_used`, that SCORPIO's
+# guard and `vllm_style_token_budget` read), and that count holds a prefix that several running
+# requests share once for each of them, while the engine's blocks hold it once. With the cache on,
+# their count runs ahead of the engine's blocks, one way the blocks can stay short of full under
+# them; the chapter does not separate this from the other effects of the cache. Their cache-on ranks
+# are those of rules that do not see the sharing, as the study's rules were written; a policy that
+# should see it reads `cached_prefix`.
 #
 # `vllm_faithful` (vLLM 0.1's FCFS, as the study ran it) serves almost nothing here: its rule closes
 # admission for good once a prompt longer than its 2,560-token budget reaches the head of the queue,

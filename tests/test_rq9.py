@@ -87,3 +87,15 @@ def test_the_readings_on_tables_built_by_hand():
     row = adv[adv["policy"] == "lpm"].iloc[0]
     assert row["difference"] == pytest.approx(0.1) and row["ci_low"] == pytest.approx(0.1)
     assert reading.best_cache_aware(adv, "anwg") == "lpm"
+
+
+def test_preempting_cells_counts_cells_with_a_preemption_off_and_on():
+    def table(pre):
+        return pd.DataFrame([{"policy": p, "window_id": f"w{k}", "region": "KNEE", "n_preemptions": n}
+                             for p, ns in pre.items() for k, n in enumerate(ns)])
+    off = table({"fifo": [1, 0, 3, 2], "slai_faithful": [2, 1, 1, 0]})
+    on = table({"fifo": [1, 1, 0, 2], "slai_faithful": [0, 0, 0, 0]})
+    got = reading.preempting_cells(off, on, policies=["fifo", "slai_faithful"])
+    assert got.index.tolist() == ["slai_faithful", "fifo"]          # largest drop first
+    assert got.loc["slai_faithful"].tolist() == [0.75, 0.0, 0.75]
+    assert got.loc["fifo"].tolist() == [0.75, 0.75, 0.0]

@@ -102,9 +102,19 @@ def hit_rates(on: pd.DataFrame, metric: str, *, policies) -> pd.DataFrame:
     return out.reset_index()
 
 
+def preempting_cells(off: pd.DataFrame, on: pd.DataFrame, *, policies) -> pd.DataFrame:
+    """Per policy: the share of its cells (window × region) with at least one preemption, cache off
+    and on, and ``drop``, off less on."""
+    def share(t):
+        sub = t[t["policy"].isin(policies)]
+        return (sub["n_preemptions"] > 0).groupby(sub["policy"]).mean()
+    out = pd.DataFrame({"off": share(off), "on": share(on)})
+    return out.assign(drop=out["off"] - out["on"]).sort_values("drop", ascending=False)
+
+
 def capacity_label(kv_tokens: int) -> str:
     return f"{kv_tokens // 1024}k tokens"
 
 
 __all__ = ["OFF", "ON", "CAPACITIES", "as_sources", "on_vs_off", "advantage", "best_cache_aware",
-           "versus_study", "hit_rates", "capacity_label"]
+           "versus_study", "hit_rates", "preempting_cells", "capacity_label"]
