@@ -540,9 +540,11 @@ show(cases.choice_case(ch))
 # {glue:text}`fid_native_no_form:s`, which have no vLLM form this engine model runs (a policy that is
 # not a key has none but for `slai_faithful`, whose real-engine scheduler port runs here on the
 # virtual clock; `vllm_faithful`'s form is FIFO under its own engine settings); policies it runs but
-# the stored check lacks in some configuration: {glue:text}`fid_native_lacking:s`. `slai_faithful`
-# is checked in a configuration of its own, `slai` (its engine settings on vLLM: a 512-token budget,
-# 128 sequences), where its real-engine port and the simulator's policy share a budget.
+# the stored check lacks in some configuration: {glue:text}`fid_native_lacking:s`. `slai_faithful`'s
+# rule takes each configuration's token budget and sequence cap (as the real runs set them), so that
+# its real-engine port and the simulator's policy plan the step the engine runs; it is also checked
+# in a configuration of its own, `slai` (its engine settings on vLLM: a 512-token budget, 128
+# sequences).
 
 # %%
 show(cases.native_equivalence(ch))

@@ -364,3 +364,19 @@ def test_vllm_faithful_oversize_variants_skip_exactly(oversize):
         slow = sim.simulate(w, make_policy("vllm_faithful", oversize=oversize), model, event_skipping=False)
         for f in ("admit_s", "first_token_s", "finish_s"):
             np.testing.assert_array_equal(getattr(fast, f), getattr(slow, f))
+
+
+def test_slai_plans_whole_prompt_admissions_when_the_engine_does_not_chunk():
+    # A 64-token budget, chunked prefill off. Requests 0 and 1 decode; 2 and 3 (40-token prompts)
+    # arrive together. The engine admits 2 whole and refuses 3 (40 > the 24 tokens left), so SLAI's
+    # plan must not count a 24-token chunk of 3 against its budget: the 24 tokens left go to the
+    # decodes (as on vLLM, where SLAI's port plans on vLLM's own admission rule).
+    from portbench.engine.vllm_native import record_model_steps
+    from portbench.engine.vllm_v1 import VllmV1Model
+
+    w = make_window("t", "test", [0.0, 0.0, 0.005, 0.005], [16, 16, 40, 40], [30, 30, 2, 2], [30, 30, 2, 2])
+    model = VllmV1Model(max_num_batched_tokens=64, enable_chunked_prefill=False, max_active_sequences=8)
+    _, steps = record_model_steps(w, make_policy("slai_faithful", token_budget=64), model)
+    step = next(s for s in steps if 2 in s.admitted)
+    assert 3 not in step.scheduled                      # the engine took 2 alone
+    assert {0, 1} <= set(step.scheduled)                # and SLAI served the decodes beside it

@@ -477,6 +477,37 @@ def test_slai_port_runs_on_the_virtual_clock_and_finishes_every_request(vllm):
     assert same_stamps(res, again)          # deterministic: no wall clock read
 
 
+def test_slai_port_sets_the_priority_vllm_v1_reads_for_its_victim(vllm):
+    # the port orders by prompt length itself (add_request); vllm_v1 takes slai_faithful's victim
+    # order from vllm_settings (priority="prompt"): the two must state the same priority
+    from vllm import SamplingParams
+    from vllm.v1.request import Request
+
+    from portbench.realengine.vllm_settings import priorities
+
+    w = tiny([0.0, 0.1, 0.2], [300, 20, 90], [5, 5, 5])
+    sched = nat.build_scheduler(nat.VllmNativeModel(max_num_batched_tokens=512, max_active_sequences=128),
+                                "priority", nat.SLAI_SCHEDULER)
+    for i in range(len(w)):
+        sched.add_request(Request(str(i), [1] * int(w.input_tokens[i]), SamplingParams(max_tokens=5),
+                                  None, arrival_time=float(w.arrival_s[i]), priority=0))
+    assert [sched.requests[str(i)].priority for i in range(len(w))] == list(priorities(w, "slai_faithful"))
+
+
+def test_slai_port_keeps_the_long_prefill_cap_while_it_holds_decodes(vllm):
+    # Requests 0 and 1 decode; request 2's 3,000-token prompt arrives and SLAI gives its first chunk
+    # the whole 512-token budget, holding both decodes. They are still in the engine, so vLLM's
+    # long_prefill_token_threshold (lifted only for a lone request) caps the chunk at 256, as in
+    # vllm_v1: the port hid the held decodes from vLLM's request count before. (The runs part later:
+    # the simulator's SLAI prefills a shadow of whole-budget chunks, its port reads vLLM's progress.)
+    w = make_window("t", "test", [0.0, 0.0, 0.01], [16, 16, 3000], [200, 200, 2], [200, 200, 2])
+    shared = dict(max_num_batched_tokens=512, max_active_sequences=128, long_prefill_token_threshold=256)
+    _, steps = nat.record_native_steps(w, make_policy("slai_faithful"), nat.VllmNativeModel(**shared))
+    first = next(s for s in steps if 2 in s.admitted)
+    assert not {0, 1} & set(first.scheduled)            # SLAI held both decodes
+    assert first.scheduled[2] == 256
+
+
 def test_slai_port_does_not_hold_decodes_for_a_request_vllm_will_not_admit(vllm):
     # 16 KV blocks, a 32-token budget. Requests 0-2 decode; request 3's first chunk (2 blocks) fits
     # the free blocks, its whole 200-token prompt (13 blocks) does not, and vLLM 0.32 admits only a

@@ -358,15 +358,16 @@ def native_equivalence(ch: Chapter) -> Section:
     return Section(numbers=numbers, shown=[present.table(table, digits=3), present.table(legend)])
 
 
-#: Policies checked in a configuration of their own (their engine settings on vLLM), and only there.
+#: Policies checked, besides the shared configurations, in one of their own (their engine settings
+#: on vLLM).
 _OWN_NATIVE_CONFIG = {"slai_faithful": "slai"}
 
 
 def _native_coverage(runs: pd.DataFrame) -> dict:
     """Which registered policies the native check leaves out, and why: those with no vLLM form that
     ``vllm_native`` runs (:func:`~portbench.engine.vllm_native.native_policies`), and those it runs
-    that the stored check lacks in some configuration (every shared one, or its own:
-    :data:`_OWN_NATIVE_CONFIG`)."""
+    that the stored check lacks in some configuration (every shared one, and its own where it has
+    one: :data:`_OWN_NATIVE_CONFIG`)."""
     from ..engine.vllm_native import native_policies
     from ..policies import available
 
@@ -375,7 +376,8 @@ def _native_coverage(runs: pd.DataFrame) -> dict:
     have = set(zip(runs["config"], runs["policy"]))
     lacking = []
     for p in runnable:
-        missing = [c for c in ([_OWN_NATIVE_CONFIG[p]] if p in _OWN_NATIVE_CONFIG else shared) if (c, p) not in have]
+        wanted = shared + ([_OWN_NATIVE_CONFIG[p]] if p in _OWN_NATIVE_CONFIG else [])
+        missing = [c for c in wanted if (c, p) not in have]
         if missing:
             lacking.append(f"{p} ({present.join(missing)})")
     return {"fid_native_no_form": present.join([p for p in available() if p not in runnable]),

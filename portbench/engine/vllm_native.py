@@ -82,6 +82,10 @@ VLLM_SETUP = "make setup-vllm"
 _ID_WIDTH = 7
 #: SLAI's scheduler port (``slai_faithful``'s ``PolicySpec.scheduler_cls``), run here on the virtual clock.
 SLAI_SCHEDULER = "portbench.realengine.vllm_slai_scheduler.SlaiScheduler"
+#: Scheduler ports that plan each step themselves, by qualified name -> the class (a key of
+#: :data:`CLASSES`) of a first differing step where the two engines served or admitted other
+#: requests: the port and the simulator's policy each plan on their own block count.
+STEP_PLAN_CLASSES = {SLAI_SCHEDULER: "slai_step_plan"}
 #: The token every sampled output is (any id; ``ignore_eos`` makes the value irrelevant).
 _TOKEN = 7
 
@@ -374,12 +378,9 @@ class _NativeEngine:
     def __init__(self, window, policy, model: VllmNativeModel, priority=None):
         self.model, self.policy = model, policy
         self.n = n = len(window)
-        from ..realengine.vllm_settings import KEY_SCHEDULER
-
         spec = native_spec(policy.name)
         self.scheduling_policy = spec.scheduling_policy
-        self.scheduler_cls = spec.scheduler_cls
-        self.key_adapter = spec.scheduler_cls == KEY_SCHEDULER
+        self.scheduler_cls = spec.scheduler_cls     # None, the key adapter or SLAI's port
         self.window = window
         self.priority = np.ones(n) if priority is None else np.asarray(priority, dtype=np.float64)
         if self.scheduling_policy == "priority":
@@ -428,8 +429,10 @@ class _NativeEngine:
         m, n = self.model, self.n
         if n == 0:
             return
+        from ..realengine.vllm_settings import KEY_SCHEDULER
+
         sched = build_scheduler(m, self.scheduling_policy, self.scheduler_cls)
-        if self.key_adapter:        # the policy's own order, on the virtual clock
+        if self.scheduler_cls == KEY_SCHEDULER:     # the policy's own order, on the virtual clock
             sched.begin_key_replay(self.policy, self.window, index_of=int, clock=lambda: self.t_ps / PS,
                                    priority=self.priority)
         elif self.scheduler_cls == SLAI_SCHEDULER:
@@ -595,10 +598,11 @@ CLASSES = {
                  "admission), or an admission in one only of a request with a hit (blocks cached, "
                  "evicted or counted otherwise)",
     "slai_step_plan": "SLAI plans a step's admissions before its non-critical decodes take the rest of "
-                      "the budget: the simulator's slai_faithful on its own prompt-only block count "
-                      "(the study's), its vLLM port on vLLM's free blocks and full-sequence gate; where "
-                      "the two disagree on the queue head, one holds decodes the other serves, or admits "
-                      "a request the other does not",
+                      "the budget: the simulator's slai_faithful on its own prompt-only block count and "
+                      "shadow prefill (the study's: each prefill takes what budget is left, so an "
+                      "engine's long-prefill cap leaves it behind the shadow), its vLLM port on vLLM's "
+                      "free blocks, full-sequence gate and computed tokens; where the two disagree, one "
+                      "holds decodes the other serves, or admits a request the other does not",
     "admission": "another admission (not one of the rules above)",
     "chunk_tokens": "the same requests scheduled with other token counts",
     "step_time": "the same decisions, another step start",
@@ -677,14 +681,15 @@ def classify_step(k: int, model_steps, native_steps, window, policy_name: str,
     mo, na = model_steps[k], native_steps[k]
     bs = native.block_size
     pm, pn = set(mo.preempted), set(na.preempted)
-    # SLAI's two step plans: other requests served (or admitted), not only another victim
-    if policy_name == "slai_faithful" and set(mo.scheduled) | pm != set(na.scheduled) | pn:
-        return "slai_step_plan", (f"vllm_v1 admitted {sorted(set(mo.scheduled) - set(mo.running))} and "
-                                  f"served {len(set(mo.scheduled) & set(mo.running))} of {len(mo.running)} "
-                                  f"running; vLLM admitted {sorted(set(na.scheduled) - set(na.running))} and "
-                                  f"served {len(set(na.scheduled) & set(na.running))} (free blocks "
-                                  f"{na.free_blocks}, then {na.free_after}; queue head after vLLM's step "
-                                  f"{na.head}; preempted: {sorted(pm)}, {sorted(pn)})")
+    # a port that plans its own step (SLAI's): other requests served or admitted, not only another victim
+    plan = STEP_PLAN_CLASSES.get(native_spec(policy_name).scheduler_cls)
+    if plan and set(mo.scheduled) | pm != set(na.scheduled) | pn:
+        return plan, (f"vllm_v1 admitted {sorted(set(mo.scheduled) - set(mo.running))} and "
+                      f"served {len(set(mo.scheduled) & set(mo.running))} of {len(mo.running)} "
+                      f"running; vLLM admitted {sorted(set(na.scheduled) - set(na.running))} and "
+                      f"served {len(set(na.scheduled) & set(na.running))} (free blocks "
+                      f"{na.free_blocks}, then {na.free_after}; queue head after vLLM's step "
+                      f"{na.head}; preempted: {sorted(pm)}, {sorted(pn)})")
     if pm != pn:
         extra = pn - pm
         if (len(extra) == 1 and pm <= pn and (r := next(iter(extra))) in mo.running

@@ -4,7 +4,9 @@ Each (shadow-)decoding request has a last-schedule time ``lst = (now + TBT) - Θ
 whenever it is served; it is *critical* once ``now >= lst``. Each step, from a 512-token budget:
 critical decodes first (1 token each), then in-flight prefill chunks (admission order), then
 admissions shortest prompt first (closing at the first request that fails the prompt-only block
-watermark, the sequence cap or finds no budget left; engine-limit misfits are skipped), and only
+watermark, the sequence cap or finds no budget left; engine-limit misfits are skipped; on an engine
+with chunked prefill off, at the first whose whole prompt does not fit the budget left, as vLLM
+admits then and SLAI's vLLM port plans), and only
 then non-critical decodes from the leftover, earliest ``lst`` first. Decoders not served are held
 for the step. Θ is 5 steps below 96% real KV use and 10 at or above. No preemption. Prefill is a
 shadow: prefilling and new requests are never held and decode from their admission step on.
@@ -200,7 +202,8 @@ class SlaiFaithful(PagedPolicy):
         rank = self._prompt_rank_array
         waiting = self._waiting.get(view, rank)
         admit, used, closed = self._admit(view, waiting.ids, budget=budget, used=used,
-                                          seqs=len(decoding) + len(prefilling), chunked=True,
+                                          seqs=len(decoding) + len(prefilling),
+                                          chunked=getattr(view.model, "enable_chunked_prefill", True),
                                           by_prompt=True)
         # non-critical decodes get only the leftover, one token each, earliest LST first
         extra = max(0, min(budget - used, limit - len(served), len(non_critical)))

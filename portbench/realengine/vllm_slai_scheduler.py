@@ -80,6 +80,7 @@ class SlaiScheduler(Scheduler):
     rule: SlaiRule = SLAI               # SLAI's parameters and rule, shared with the simulator
     step_ema: float = 0.2               # smoothing of the measured step length Θ counts (0: the rule's)
     clock = staticmethod(time.monotonic)  # now, in seconds
+    _n_held: int = 0                    # decodes held out of ``running`` during vLLM's schedule()
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -110,10 +111,21 @@ class SlaiScheduler(Scheduler):
         self.slai_stats = {"calls": 0, "critical_decodes": 0, "held_decodes": 0,
                            "steps_with_holds": 0, "reordered_steps": 0}
 
+    def get_request_counts(self) -> tuple[int, int]:
+        """vLLM's (running, waiting) counts, the decodes SLAI holds out of ``running`` for this step
+        counted as running: vLLM lifts ``long_prefill_token_threshold`` only when a single request is
+        in the engine, and a held decode is one."""
+        running, waiting = super().get_request_counts()
+        return running + self._n_held, waiting
+
     # -- admission order ------------------------------------------------------------------------
     def add_request(self, request) -> None:
         if request.request_id not in self.requests:
-            request.priority = int(request.num_prompt_tokens)   # shortest prompt first
+            # shortest prompt first: the priority vllm_settings states for slai_faithful
+            # (priority="prompt"), which vllm_v1 reads for its preemption victim; set here too so
+            # that the port keeps its order when plugged in with --scheduler-cls alone (a test
+            # checks that the two agree)
+            request.priority = int(request.num_prompt_tokens)
         super().add_request(request)
 
     # -- the step -------------------------------------------------------------------------------
@@ -195,14 +207,17 @@ class SlaiScheduler(Scheduler):
                 self.slai_stats["steps_with_holds"] += 1
             held_ids = {id(r) for r in held}
             self.running = list(order)
-            # Held requests still occupy a sequence slot: shrink the caps for this call.
+            # Held requests still occupy a sequence slot: shrink the caps for this call. And they
+            # are still in the engine: vLLM's request count (get_request_counts) keeps them.
             caps = (self.max_num_running_reqs, self.max_num_active_reqs)
             self.max_num_running_reqs -= len(held)
             self.max_num_active_reqs -= len(held)
+            self._n_held = len(held)
             try:
                 out = super().schedule(*args, **kwargs)
             finally:
                 self.max_num_running_reqs, self.max_num_active_reqs = caps
+                self._n_held = 0
                 after = self.running
                 after_ids = {id(r) for r in after}
                 before_ids = {id(r) for r in original}
