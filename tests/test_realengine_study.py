@@ -28,14 +28,14 @@ def tiny_store(tmp_path):
 
 
 def test_gpu_script_runs_end_to_end_on_cpu(tiny_store):
-    # one repetition, no re-runs, one widening, one reference probe, a fixed speed ratio: a busy test
-    # host would otherwise spend the time on re-runs, on re-measured references and on long replays at
-    # the low λ a slow profile would bracket. The budget is a ceiling, not a target (the case stops
+    # one repetition, no re-runs, one widening, one reference probe, each probe a single timed replay
+    # (no warm-up), a fixed speed ratio: a busy test host would otherwise spend the time on re-runs,
+    # on re-measured references and on long replays at the low λ a slow profile would bracket. The budget is a ceiling, not a target (the case stops
     # when its 6 runs are done, ~1–2 min here): a tight one made this test fail on a slow host.
     assert gpu.main(["--device", "cpu", "--tiny", "--budget-s", "900", "--windows-per-source", "1",
                      "--bisection-steps", "1", "--burst", "12", "--tag", "t", "--repetitions", "1",
                      "--max-retries", "0", "--max-widenings", "1", "--speed-ratio", "0.1",
-                     "--reference-probes", "1",
+                     "--reference-probes", "1", "--probe-warmup", "0", "--probe-repeats", "1",
                      "--data-dir", str(tiny_store)]) == 0
     out = tiny_store / "results" / "realengine"
     runs = pd.read_parquet(out / "t_case_runs.parquet")
