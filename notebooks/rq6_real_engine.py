@@ -248,10 +248,12 @@ if study_config_run:
         glue(f"rq6_study_real_ci_{src}", f"{present.signed(real_row.loc[src, 'ci_low'], 3)} to "
                                          f"{present.signed(real_row.loc[src, 'ci_high'], 3)}", display=False)
         glue(f"rq6_study_real_verdict_{src}", reading.settled(real_row.loc[src]), display=False)
+    # signs compared only where the measured sign is settled: an unsettled one is noise
     real_signs = reading.signs(real_row, real_row.index)
-    agree = {name: sum(reading.signs(t, real_row.index)[s_] == real_signs[s_] for s_ in real_row.index)
+    settled_src = [s_ for s_ in real_row.index if reading.settled(real_row.loc[s_]) == "sign settled"]
+    agree = {name: sum(reading.signs(t, real_row.index)[s_] == real_signs[s_] for s_ in settled_src)
              for name, t in [("configured", pred_row)] + list(camp_rows.items())}
-    glue("rq6_study_sim_signs_agree", f"{agree['configured']} of {len(real_row)}", display=False)
+    glue("rq6_study_sim_signs_agree", f"{agree['configured']} of {len(settled_src)}", display=False)
     glue("rq6_study_runs_to_settle", reading.runs_to_settle(real_row, cases.runs(study_config_run)),
          display=False)
     # the robust reading: without the runs during which the host slowed down (their own steps say so)

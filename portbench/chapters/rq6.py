@@ -424,7 +424,9 @@ def short_finding(real_row: pd.DataFrame, pred_row: pd.DataFrame, camp_rows: dic
                   steady_row: pd.DataFrame | None = None) -> str:
     """The RQ6 finding in at most 150 words: the study-configuration case measured, the simulator
     in its configuration and in the campaign's, and the A100's result; with ``steady_row`` (the same
-    measured on the host-steady runs, :func:`host_steady_runs`), each source whose verdict it changes."""
+    measured on the host-steady runs, :func:`host_steady_runs`), each source whose verdict it changes.
+    ``agree``: per simulator row, how many of the measured signs it matches, counted over the sources
+    whose measured sign is settled only (an unsettled sign is noise)."""
     policy_a, policy_b = CASE_POLICIES
     order_src = [s_ for s_ in ("azure_llm_2024", "burstgpt", "bailian_qwen") if s_ in real_row.index]
 
@@ -433,12 +435,17 @@ def short_finding(real_row: pd.DataFrame, pred_row: pd.DataFrame, camp_rows: dic
 
     campaign_v1 = camp_rows["simulator, campaign configuration (vllm_v1)"]
     campaign_lssp = camp_rows["simulator, campaign configuration (lssp)"]
-    cause = ("because of the configuration, not the model: vllm_v1 in the campaign's configuration gives "
-             f"{triple(campaign_v1)}"
-             if agree["configured"] > agree["simulator, campaign configuration (vllm_v1)"]
-             else "not through the configuration alone: vllm_v1 in the campaign's configuration gives "
-                  f"{triple(campaign_v1)}")
     verdict = {s_: settled(real_row.loc[s_]) for s_ in order_src}
+    n_settled = sum(v == "sign settled" for v in verdict.values())
+    if not n_settled:
+        cause = ("; with no measured sign settled, these runs cannot tell whether through the "
+                 f"configuration or the model (vllm_v1 in the campaign's configuration gives {triple(campaign_v1)})")
+    elif agree["configured"] > agree["simulator, campaign configuration (vllm_v1)"]:
+        cause = (" because of the configuration, not the model: vllm_v1 in the campaign's configuration gives "
+                 f"{triple(campaign_v1)}")
+    else:
+        cause = (" not through the configuration alone: vllm_v1 in the campaign's configuration gives "
+                 f"{triple(campaign_v1)}")
     real_text = present.join([f"{present.signed(real_row.loc[s_, 'delta'], 3)} on {source_label(s_)} "
                               f"[{present.signed(real_row.loc[s_, 'ci_low'], 3)}, "
                               f"{present.signed(real_row.loc[s_, 'ci_high'], 3)}]" for s_ in order_src])
@@ -454,8 +461,8 @@ def short_finding(real_row: pd.DataFrame, pred_row: pd.DataFrame, camp_rows: dic
                                 if verdict[s_] == "not settled" else "") for s_ in order_src]) + ". "
              + robust_clause(real_row, steady_row, order_src) +
              f"The simulator in the same configuration predicts {triple(pred_row)} "
-             f"({agree['configured']} of {len(order_src)} signs as measured). The lssp campaign's "
-             f"{triple(campaign_lssp)} differs {cause}. The A100 measured "
+             f"({agree['configured']} of the {n_settled} settled signs as measured). The lssp campaign's "
+             f"{triple(campaign_lssp)} differs{cause}. The A100 measured "
              + " / ".join(present.signed(ORIGINAL[s_], 3) for s_ in order_src)
              + f" ({' / '.join(source_label(s_) for s_ in order_src)}).")
     n_words = len(short.split())

@@ -84,7 +84,8 @@ _ID_WIDTH = 7
 SLAI_SCHEDULER = "portbench.realengine.vllm_slai_scheduler.SlaiScheduler"
 #: Scheduler ports that plan each step themselves, by qualified name -> the class (a key of
 #: :data:`CLASSES`) of a first differing step where the two engines served or admitted other
-#: requests: the port and the simulator's policy each plan on their own block count.
+#: requests: the port plans on vLLM's state, the simulator's policy on its own block count and
+#: shadow prefill.
 STEP_PLAN_CLASSES = {SLAI_SCHEDULER: "slai_step_plan"}
 #: The token every sampled output is (any id; ``ignore_eos`` makes the value irrelevant).
 _TOKEN = 7
