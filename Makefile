@@ -53,11 +53,11 @@ $(VLLM_STAMP): pyproject.toml
 # unpacking and byte-compiling on the two cores), then the tests run.
 test:
 	@$(MAKE) --no-print-directory -j3 $(STAMP) $(VLLM_STAMP) browser
-	$(BIN)/python -m pytest -q -n auto --dist loadscope
-	$(VLLM_VENV)/bin/python -m pytest -q tests/test_realengine_vllm.py tests/test_realengine_vllm_rq7.py
+	$(BIN)/python -m pytest -q -n auto --dist loadscope --durations=12
+	$(VLLM_VENV)/bin/python -m pytest -q --durations=5 tests/test_realengine_vllm.py tests/test_realengine_vllm_rq7.py
 	$(VLLM_VENV)/bin/python -m pytest -q tests/test_vllm_native.py
 
-# Headless Chromium reads the built book in tests/test_book_browser.py (driven over the DevTools
+# Headless Chromium reads the built book in tests/test_built_book.py (driven over the DevTools
 # protocol with websocket-client, a dev extra). It is a system package: installed with apt-get when it
 # is missing and we may (root, Debian); otherwise those tests are skipped.
 browser:

@@ -225,10 +225,19 @@ glue("rq6_conclusion", reading.conclusion(readings, per_policy, equal_limits_run
 # load calibration, budget and SLO). The real runs of `study_config_run` ran in another: both
 # policies at a 32,768-token budget and `max_model_len`, at most 32 requests in flight. Here the
 # simulator is run in exactly that configuration, per window: the `vllm_v1` engine model, the
-# step cost cross-validated by window on the case's own steps (one per policy), each window at the
+# step cost cross-validated by window on the case's own steps (one per policy, fitted on as many
+# repetitions of every window as the fewest has, so that repetitions added to one source do not
+# weigh its steps more in the others' cost), each window at the
 # real run's load, and the client's in-flight cap (`portbench.realconfig`; written by
 # `python benchmarks/predict_real_config.py`). The real result's interval here resamples the windows
-# *and* each window's repetitions, so it carries the run-to-run noise as well.
+# *and* each window's repetitions, so it carries the run-to-run noise as well. A repetition is a pair:
+# the case runs the two policies of a window's repetition back to back, so both meet the host's speed
+# of the same minutes, and that speed sets the load they see. Their ANWG move together from one
+# repetition to the next (correlation {glue:text}`rq6_study_pair_corr:s`, each window's own mean
+# taken out), so the pairs are drawn whole. Drawn apart, as if the two runs of a repetition had
+# nothing in common (this chapter's reading until 2026-12-06), the host's swings count as a
+# difference between the policies and the intervals widen:
+# {glue:text}`rq6_study_unpaired_reading:s`.
 
 # %%
 if study_config_run:
@@ -237,7 +246,8 @@ if study_config_run:
                                   "vllm_v1": load_results("vllm_v1")}, n_resamples=n_resamples, seed=seed)
     configured = pd.concat({k: v.set_index("source")[["delta", "ci_low", "ci_high"]] for k, v in rows.items()},
                            names=["prediction or measurement", "source"]).reset_index()
-    real_row = rows["real engine (windows and repetitions resampled)"].set_index("source")
+    real_row = rows[reading.REAL_PAIRED].set_index("source")
+    unpaired_row = rows[reading.REAL_UNPAIRED].set_index("source")
     pred_row = rows["simulator, same configuration (vllm_v1)"].set_index("source")
     camp_rows = {k: v.set_index("source") for k, v in rows.items() if "campaign" in k}
     for src in real_row.index:
@@ -248,6 +258,12 @@ if study_config_run:
         glue(f"rq6_study_real_ci_{src}", f"{present.signed(real_row.loc[src, 'ci_low'], 3)} to "
                                          f"{present.signed(real_row.loc[src, 'ci_high'], 3)}", display=False)
         glue(f"rq6_study_real_verdict_{src}", reading.settled(real_row.loc[src]), display=False)
+    glue("rq6_study_pair_corr", present.join(
+        [f"{real_row.loc[s_, 'pair_corr']:.2f} on {source_label(s_)}" for s_ in real_row.index]), display=False)
+    glue("rq6_study_unpaired_reading", present.join(
+        [f"{present.signed(unpaired_row.loc[s_, 'delta'], 3)} on {source_label(s_)} "
+         f"[{present.signed(unpaired_row.loc[s_, 'ci_low'], 3)}, {present.signed(unpaired_row.loc[s_, 'ci_high'], 3)}] "
+         f"({reading.settled(unpaired_row.loc[s_])})" for s_ in real_row.index]), display=False)
     # signs compared only where the measured sign is settled: an unsettled one is noise
     real_signs = reading.signs(real_row, real_row.index)
     settled_src = [s_ for s_ in real_row.index if reading.settled(real_row.loc[s_]) == "sign settled"]
@@ -272,7 +288,7 @@ if study_config_run:
          display=False)
     display(present.table(configured, digits=3))
     display(present.table(real_row.reset_index()[["source", "n_windows", "repetitions", "delta", "ci_low",
-                                                  "ci_high", "half_width"]], digits=4))
+                                                  "ci_high", "half_width", "pair_corr"]], digits=4))
     short = reading.short_finding(real_row, pred_row, camp_rows, agree, steady_row)
     glue("rq6_short_finding", short, display=False)
     glue("rq6_short_finding_words", len(short.split()), display=False)
@@ -281,13 +297,17 @@ else:
     glue("rq6_study_runs_to_settle", "n/a (no such case)", display=False)
     glue("rq6_study_steady_excluded", "n/a", display=False)
     glue("rq6_study_steady_reading", "n/a", display=False)
+    glue("rq6_study_pair_corr", "n/a", display=False)
+    glue("rq6_study_unpaired_reading", "n/a", display=False)
 
 # %% [markdown]
 # A source is settled when its interval excludes 0 or is at most ±0.005 wide ("no difference beyond
 # ±0.005"). Runs still needed where neither holds, at the spread measured so far:
 # {glue:text}`rq6_study_runs_to_settle:s` (`.venv-vllm/bin/python benchmarks/rq6_vllm_cpu.py --config
-# study --windows-per-source 8 --repetitions 16` resumes the case and adds repetitions; `--sources`
-# limits it to the sources not yet settled).
+# study --windows-per-source 8 --repetitions N` resumes the case and adds repetitions up to N;
+# `--sources` limits it to the sources not yet settled). Only on a host as fast as the case's: its
+# λ_ref was searched on that host and is a lighter load on a faster one, so the guard keeps the case's
+# first reference probe and flags the runs of a host of another speed.
 #
 # **A robust reading.** The host probes before and after a run do not see a host that slows down
 # while the run goes on; the run's own steps do. A run's step ratio is the median of its real step

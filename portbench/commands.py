@@ -6,15 +6,20 @@ import argparse
 
 
 
-def _positive_int(text: str) -> int:
-    """An argparse type: a whole number of at least 1."""
+def _whole_int(text: str, least: int = 0) -> int:
+    """An argparse type: a whole number of at least ``least``."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    if value < least:
+        raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
     return value
+
+
+def _positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    return _whole_int(text, 1)
 
 def _campaign(args) -> int:
     from . import store
@@ -270,6 +275,8 @@ def _realengine_replay(args) -> int:
     runs = run_case(CaseConfig("vllm", policies=tuple(args.policies), windows=tuple(windows), region=args.region,
                                repetitions=args.repetitions, lambda_refs=shared, tag=tag, data_dir=args.data_dir,
                                speed_ratio=settings.get("speed_ratio", 1.0), **search,
+                               reference_probes=args.reference_probes, probe_warmup=args.probe_warmup,
+                               probe_repeats=args.probe_repeats,
                                engine_kwargs={"shape": ModelShape()}),
                     time_budget_s=args.budget_s, progress=not args.quiet)
     table = runs.groupby(["window_id", "policy"])["anwg"].mean().unstack("policy")[list(args.policies)]
@@ -411,6 +418,7 @@ def register(sub) -> None:
     q.add_argument("--tag", help="file prefix (default: <backend>_case)")
     q.add_argument("--quiet", action="store_true")
     q.set_defaults(func=_realengine_case)
+    from .realengine import PROBE_REPEATS, PROBE_WARMUP
     from .realengine.study import CASE_REGION, CASE_SOURCES
     from .regions import REGIONS
     q = rsub.add_parser(
@@ -433,6 +441,11 @@ def register(sub) -> None:
     q.add_argument("--lambda-refs-from", default="vllm_cpu_guarded_case",
                    help="reuse this case's real-engine λ_ref ('none': search each window, ~6 replays each)")
     q.add_argument("--budget-s", type=float, default=None, help="stop starting runs after this long")
+    q.add_argument("--reference-probes", type=_positive_int, default=3,
+                   help="host probes that make each policy's reference before its first run")
+    q.add_argument("--probe-warmup", type=_whole_int, default=PROBE_WARMUP, help="untimed replays of each host probe")
+    q.add_argument("--probe-repeats", type=_positive_int, default=PROBE_REPEATS,
+                   help="timed replays of each host probe (fewer: a quicker, coarser guard)")
     q.add_argument("--tag", help="file prefix (end it in _case); vllm_replay_<policies>_case when not given")
     q.add_argument("--data-dir", default=None, help="the data folder; the repository's when not given")
     q.add_argument("--quiet", action="store_true")

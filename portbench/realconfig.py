@@ -120,8 +120,16 @@ def predict_runs(runs: pd.DataFrame, steps: pd.DataFrame, windows: dict, *, budg
     (:func:`portbench.fidelity.cross_validated_costs`), the given limits and client cap. One row
     per (source, window, policy): ``load_factor``, ``iterations`` (of the cap's fixed point),
     ``n_refused`` and every metric of :func:`portbench.metrics.cell_metrics`. ``only``: predict these
-    windows alone (the costs are still fitted on every run)."""
-    costs = fidelity.cross_validated_costs(steps, runs, k=k, kind=kind, by_policy=True)
+    windows alone (the costs are still fitted on every window).
+
+    The costs are fitted on as many runs of each (window, policy) as the fewest any has (its
+    lowest-numbered repetitions, :func:`balanced_runs`): a case that adds repetitions to one source
+    to settle its interval would otherwise weigh that source's steps more in every other source's
+    cost, and the prediction for a window would move with how often the other windows were run."""
+    fit_runs = balanced_runs(runs)
+    keys = ["window_id", "policy", "repetition"]
+    fit_steps = steps.merge(fit_runs[keys], on=keys, how="inner")
+    costs = fidelity.cross_validated_costs(fit_steps, fit_runs, k=k, kind=kind, by_policy=True)
     rows = []
     for (src, wid, pol), g in runs.groupby(["source", "window_id", "policy"]):
         if only is not None and wid not in only:
@@ -138,6 +146,14 @@ def predict_runs(runs: pd.DataFrame, steps: pd.DataFrame, windows: dict, *, budg
     return pd.DataFrame(rows)
 
 
+def balanced_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    """``runs`` with as many runs of each (window, policy) as the fewest any has: the ones with the
+    lowest repetition numbers."""
+    order = runs.groupby(["window_id", "policy"])["repetition"].rank(method="first")
+    fewest = int(runs.groupby(["window_id", "policy"]).size().min())
+    return runs[order <= fewest]
+
+
 def budget_exposure(windows, budget: int, max_in_flight: int) -> int:
     """How many of ``windows`` have ``max_in_flight`` consecutive requests whose prompts add up to more
     than ``budget`` tokens: only there can a model that chunks prompts and an engine that admits
@@ -152,36 +168,65 @@ def budget_exposure(windows, budget: int, max_in_flight: int) -> int:
 
 
 def repetition_resampled_delta(runs: pd.DataFrame, *, policies=("slai_faithful", "vllm_faithful"),
-                               metric: str = "anwg", n_resamples: int = 2000, seed: int = 0) -> pd.DataFrame:
+                               metric: str = "anwg", n_resamples: int = 2000, seed: int = 0,
+                               paired: bool = True) -> pd.DataFrame:
     """Per source, the mean ``policies[0] − policies[1]`` over windows, with a 95% bootstrap interval
-    that resamples both the windows and, within each drawn window, its repetitions (each policy's
-    repetitions drawn with replacement): the interval then carries the run-to-run noise as well as
-    the spread between windows. Columns ``source, n_windows, repetitions`` (the fewest of a window
-    and policy), ``repetitions_max``, ``delta, ci_low, ci_high, half_width``."""
+    that resamples both the windows and, within each drawn window, its repetitions: the interval then
+    carries the run-to-run noise as well as the spread between windows.
+
+    ``paired`` (the case's design): a window's repetition is a pair, the two policies' runs of the
+    same window and repetition, which the case runs back to back (:func:`portbench.realengine.study.
+    run_case` plans repetition, then window, then policy), so that both meet the host's speed of the
+    same minutes; the pairs are drawn with replacement, and a repetition that lacks one policy's run
+    is left out. Unpaired, each policy's repetitions are drawn apart, as if the two runs of a
+    repetition had nothing in common: the host's swings between repetitions then count as noise in
+    the difference. Columns ``source, n_windows, repetitions`` (the fewest of a window: pairs, or
+    runs of one policy), ``repetitions_max``, ``delta, ci_low, ci_high, half_width``, and
+    ``pair_corr`` (paired: the correlation of the two policies' values over the pairs, windows
+    pooled after their own means are taken out)."""
     rng = np.random.default_rng(seed)
     a, b = policies
     rows = []
     for src, g in runs.groupby("source"):
-        per = {}
+        per, counts, centred = {}, [], []
         for wid, gw in g.groupby("window_id"):
-            xa = gw.loc[gw["policy"] == a, metric].to_numpy(dtype=float)
-            xb = gw.loc[gw["policy"] == b, metric].to_numpy(dtype=float)
-            if len(xa) and len(xb):
-                per[wid] = (xa, xb)
+            if paired:
+                both = gw.pivot_table(index="repetition", columns="policy", values=metric, aggfunc="first")
+                if a not in both or b not in both:
+                    continue
+                both = both[[a, b]].dropna()
+                if not len(both):
+                    continue
+                per[wid] = (both[a].to_numpy(dtype=float) - both[b].to_numpy(dtype=float),)
+                counts.append(len(both))
+                centred.append((both - both.mean()).to_numpy(dtype=float))
+            else:
+                xa = gw.loc[gw["policy"] == a, metric].to_numpy(dtype=float)
+                xb = gw.loc[gw["policy"] == b, metric].to_numpy(dtype=float)
+                if len(xa) and len(xb):
+                    per[wid] = (xa, xb)
+                    counts += [len(xa), len(xb)]
         if not per:
             continue
         keys = list(per)
-        point = float(np.mean([per[w][0].mean() - per[w][1].mean() for w in keys]))
+        point = float(np.mean([x[0].mean() - (x[1].mean() if len(x) > 1 else 0.0) for x in per.values()]))
         draws = np.empty(n_resamples)
         for i in range(n_resamples):
             total = 0.0
             for j in rng.integers(0, len(keys), len(keys)):
-                xa, xb = per[keys[j]]
-                total += xa[rng.integers(0, len(xa), len(xa))].mean() - xb[rng.integers(0, len(xb), len(xb))].mean()
+                x = per[keys[j]]
+                total += x[0][rng.integers(0, len(x[0]), len(x[0]))].mean()
+                if len(x) > 1:
+                    total -= x[1][rng.integers(0, len(x[1]), len(x[1]))].mean()
             draws[i] = total / len(keys)
         lo, hi = np.percentile(draws, [2.5, 97.5])
-        counts = g.groupby(["window_id", "policy"]).size()
-        rows.append({"source": src, "n_windows": len(keys), "repetitions": int(counts.min()),
-                     "repetitions_max": int(counts.max()), "delta": point,
-                     "ci_low": float(lo), "ci_high": float(hi), "half_width": float((hi - lo) / 2)})
+        corr = np.nan
+        if paired:
+            c = np.vstack(centred)
+            if len(c) > 2 and c.std(axis=0).min() > 0:
+                corr = float(np.corrcoef(c[:, 0], c[:, 1])[0, 1])
+        rows.append({"source": src, "n_windows": len(keys), "repetitions": int(min(counts)),
+                     "repetitions_max": int(max(counts)), "delta": point,
+                     "ci_low": float(lo), "ci_high": float(hi), "half_width": float((hi - lo) / 2),
+                     "pair_corr": corr})
     return pd.DataFrame(rows)

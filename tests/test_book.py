@@ -1,58 +1,12 @@
-"""The notebooks execute with tiny parameters and the book builds with warnings as errors, offline."""
+"""Notebook parameters: read as their defaults' types, checked and refused before anything runs, and
+documented. The built book itself is checked in ``tests/test_built_book.py``, which builds it once."""
 
-import re
 import tempfile
 from pathlib import Path
 
 import pytest
 
 from portbench import book
-
-
-@pytest.fixture(scope="module")
-def built_book(tmp_path_factory):
-    book_dir = tmp_path_factory.mktemp("book") / "book"
-    index = book.build_book(book.TINY_PARAMETERS, strict=True, progress=False, book_dir=book_dir)
-    return index.parent
-
-
-def test_every_chapter_is_built_with_its_figures(built_book):
-    for name in book.available_notebooks():
-        page = (built_book / "executed" / f"{name}.html").read_text()
-        assert "<img" in page, f"{name}: no figure"
-        assert "Traceback" not in page, f"{name}: an error in the executed notebook"
-    for page in ("intro", "methods", "reproduce", "references"):
-        assert (built_book / f"{page}.html").exists()
-
-
-def test_chapters_follow_the_reading_conventions(built_book):
-    for name in book.available_notebooks():
-        page = (built_book / "executed" / f"{name}.html").read_text()
-        assert page.count("Parameters of this build") == 1, f"{name}: not one parameters box"
-        assert "tag_parameters" not in page and "tag_injected-parameters" not in page, \
-            f"{name}: a parameters code cell is rendered"
-        cells = re.findall(r'<div class="cell((?: [^"]*)?)"', page)
-        assert cells and all("tag_hide-input" in c for c in cells), f"{name}: a code cell is not folded"
-        assert "pb-finding" in page and '<p class="admonition-title">Finding' in page, f"{name}: no Finding box"
-        assert page.rfind("pb-finding") > page.rfind('<div class="cell '), \
-            f"{name}: the Finding box is not at the end"
-        text = re.sub(r"<[^>]+>", "", page)
-        assert "{glue" not in text and "glue:text" not in text, f"{name}: a glue role was left unresolved"
-
-
-def test_introduction_has_the_headline_figure(built_book):
-    intro = (built_book / "intro.html").read_text()
-    assert re.search(r'<img[^>]+headline_ranks\.png', intro)
-    assert (built_book / "_images" / "headline_ranks.png").exists()
-    assert "Engine model of this build" in intro
-
-
-def test_introduction_numbers_are_glued_not_typed(built_book):
-    intro = (built_book / "intro.html").read_text()
-    text = re.sub(r"<[^>]+>", "", intro)
-    assert "{glue" not in text and "glue:text" not in text, "a glue role was left unresolved"
-    # The RQ2 sentence is filled with the counts of the five classes.
-    assert re.search(r"Of \d+ pairwise tests", text), "RQ2 counts were not pasted"
 
 
 def test_notebook_parameters_are_checked():

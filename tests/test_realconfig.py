@@ -51,6 +51,31 @@ def test_run_capped_is_a_trajectory_of_the_capped_client():
     assert k == 1 and np.allclose(free.finish_s, 1.0)
 
 
+def test_the_cost_fit_takes_as_many_runs_of_every_window_as_the_fewest():
+    runs = pd.DataFrame({"window_id": ["a"] * 6 + ["b"] * 2, "policy": ["x", "y"] * 4,
+                         "repetition": [5, 5, 0, 0, 9, 9, 3, 3]})
+    kept = realconfig.balanced_runs(runs)
+    assert sorted(map(tuple, kept[["window_id", "repetition"]].to_numpy().tolist())) == \
+        [("a", 0), ("a", 0), ("b", 3), ("b", 3)]
+
+
+def test_paired_repetitions_keep_the_hosts_swings_out_of_the_difference():
+    """Each repetition's host speed moves both policies' ANWG together; x is 0.01 above y in every
+    pair. Paired, the interval is the 0.01 itself; unpaired, the swings widen it past 0; a repetition
+    with one policy's run only is left out of the pairs."""
+    level = np.array([0.9, 0.6, 0.8, 0.5, 0.7])
+    rows = [{"source": "s", "window_id": w, "policy": p, "repetition": r, "anwg": level[r] + (0.01 if p == "x" else 0)}
+            for w in ("a", "b") for r in range(5) for p in ("x", "y")]
+    rows.append({"source": "s", "window_id": "a", "policy": "x", "repetition": 5, "anwg": 0.1})
+    runs = pd.DataFrame(rows)
+    p = realconfig.repetition_resampled_delta(runs, policies=("x", "y"), n_resamples=300).iloc[0]
+    assert p["delta"] == pytest.approx(0.01) and p["half_width"] == pytest.approx(0.0, abs=1e-12)
+    assert p["repetitions"] == 5 and p["pair_corr"] == pytest.approx(1.0)
+    u = realconfig.repetition_resampled_delta(runs, policies=("x", "y"), n_resamples=300, paired=False).iloc[0]
+    assert u["ci_low"] < 0 < u["ci_high"] and u["repetitions"] == 5 and u["repetitions_max"] == 6
+    assert np.isnan(u["pair_corr"])
+
+
 def test_repetition_resampled_delta_and_budget_exposure():
     runs = pd.DataFrame({"source": "s", "window_id": np.repeat(["a", "b"], 4),
                          "policy": ["x", "x", "y", "y"] * 2, "repetition": [0, 1, 0, 1] * 2,

@@ -136,6 +136,24 @@ def test_a_noisy_reference_is_measured_again(tmp_path):
     assert ref["vllm_faithful"]["wall_s"] == 1.0
 
 
+@pytest.mark.parametrize("now", [0.5, 2.0])
+def test_a_case_resumed_on_a_host_of_another_speed_keeps_its_reference(tmp_path, now):
+    """Resumed on a host twice as fast (another machine: the case's λ_ref would be a lighter load
+    there) or twice as slow, the case keeps the reference of its start, so the new runs drift, are
+    re-run, and are flagged."""
+    kw = dict(windows=windows(1), tag="h", data_dir=tmp_path, progress=False, speed_ratio=0.1,
+              bisection_steps=2)
+    first = run_case(FakeEngine().backend(), repetitions=1, **kw)
+    assert not first["host_flagged"].any()
+    runs = run_case(FakeEngine(probe_walls=[now] * 200).backend(), repetitions=2, **kw)
+    new = runs[runs["repetition"] == 1]
+    assert len(new) == len(first) and new["host_flagged"].all() and (new["n_attempts"] == 3).all()
+    assert (new["probe_ref_s"] == 1.0).all()
+    import json
+    ref = json.loads((out_dir(tmp_path) / "h.json").read_text())["probe_reference"]
+    assert all(r["kept_earlier"] and r["wall_s"] == 1.0 for r in ref.values())
+
+
 def test_scheduler_time_by_queue_length():
     steps = pd.DataFrame({"policy": ["a"] * 4 + ["b"] * 3, "waiting_before": [0, 0, 5, 40, 1, 200, 900],
                           "schedule_s": [1e-4, 3e-4, 2e-4, 1e-3, 5e-5, 2e-3, np.nan]})
@@ -199,6 +217,49 @@ def test_a_stopped_case_resumes_without_repeating_a_run(tmp_path, stop_after):
     requests = pd.read_parquet(cut / "r_requests.parquet")
     assert not requests.duplicated(["window_id", "policy", "repetition", "request_index"]).any()
     assert len(requests) == len(pd.read_parquet(out_dir(tmp_path / "full") / "r_requests.parquet"))
+
+
+@pytest.mark.parametrize("lost", ["runs", "requests"])
+def test_a_case_stopped_between_two_of_its_files_resumes_whole(tmp_path, lost):
+    """A stop while a run's tables are being written: the runs table written last is lost (its
+    requests, steps and attempts are on disk), or, as a case written before the runs table came last
+    could be left, the run is in the runs table and its requests are not. Resumed, that run is run
+    again once, and every table equals an uninterrupted case's."""
+    ws = windows(2)
+    kw = dict(windows=ws, tag="r", progress=False, speed_ratio=0.1, bisection_steps=2)
+    run_case(FakeEngine().backend(), data_dir=tmp_path / "full", **kw)
+    full = out_dir(tmp_path / "full")
+    engine = FakeEngine()
+    real_write = results._write
+
+    def n_runs(value):
+        return len(value[list(study.RUN_KEY)].drop_duplicates()) if len(value) else 0
+
+    def stopping(path, value):                     # the writes of the third run, as the stop leaves them
+        if path.name == "r_runs.parquet" and len(value) == 3:
+            if lost == "requests":
+                real_write(path, value)
+            raise KeyboardInterrupt("stopped")
+        if lost == "requests" and path.name == "r_requests.parquet" and n_runs(value) == 3:
+            return
+        real_write(path, value)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(results, "_write", stopping)
+        with pytest.raises(KeyboardInterrupt):
+            run_case(engine.backend(), data_dir=tmp_path / "cut", **kw)
+    cut = out_dir(tmp_path / "cut")
+    n_runs = len(pd.read_parquet(cut / "r_runs.parquet"))
+    n_req = pd.read_parquet(cut / "r_requests.parquet")[list(study.RUN_KEY)].drop_duplicates().shape[0]
+    assert (n_runs, n_req) == ((2, 3) if lost == "runs" else (3, 2))
+    resumed = run_case(engine.backend(), data_dir=tmp_path / "cut", **kw)
+    runs_full = pd.read_parquet(full / "r_runs.parquet")
+    pd.testing.assert_frame_equal(resumed[IDENTITY].reset_index(drop=True), runs_full[IDENTITY])
+    for part, key in (("runs", list(study.RUN_KEY)), ("requests", [*study.RUN_KEY, "request_index"]),
+                      ("attempts", [*study.RUN_KEY, "attempt"])):
+        a, b = pd.read_parquet(cut / f"r_{part}.parquet"), pd.read_parquet(full / f"r_{part}.parquet")
+        assert not a.duplicated(key).any(), part
+        assert a[key].sort_values(key).reset_index(drop=True).equals(b[key].sort_values(key).reset_index(drop=True)), part
 
 
 def test_a_stopped_case_has_every_window_at_about_the_same_repetitions(tmp_path):

@@ -211,7 +211,8 @@ def test_the_cli_replays_a_users_own_key_policy_on_vllm(tmp_path):
     cli = Path(sys.executable).parent / "portbench"
     out = subprocess.run([str(cli), "realengine", "replay", "--policies", "fifo", "user_longest_prompt_first",
                           "--policy-module", str(module), "--sources", "bailian_qwen", "--data-dir", str(data),
-                          "--tag", "mine_case", "--quiet"], capture_output=True, text=True, timeout=900)
+                          "--tag", "mine_case", "--quiet",
+                          "--reference-probes", "1", "--probe-warmup", "0", "--probe-repeats", "1"], capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "user_longest_prompt_first" in out.stdout and "best by mean ANWG" in out.stdout
     folder = data / "results" / "realengine"

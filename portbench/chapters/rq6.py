@@ -352,10 +352,17 @@ def limits_reading(r: Readings, tag: str, what: str) -> str:
 
 # --- the study's configuration ----------------------------------------------------------------
 
+#: :func:`study_configuration`'s rows of the real engine: its reading (repetitions resampled as the
+#: pairs the case runs back to back) and the same runs' unpaired reading beside it
+REAL_PAIRED = "real engine (windows and repetitions resampled, runs paired)"
+REAL_UNPAIRED = "real engine (the same, each policy's runs drawn apart)"
+
+
 def study_configuration(cases: Cases, tag: str, sim_tables: dict, *, n_resamples: int, seed: int) -> dict:
     """Per source, the study-configuration case ``tag`` measured (windows and repetitions
-    resampled), the simulator in the same configuration (the case's ``sim_config``), and each
-    campaign table of ``sim_tables`` (engine model → table) on the same windows."""
+    resampled; :data:`REAL_PAIRED`, and :data:`REAL_UNPAIRED` beside it), the simulator in the same
+    configuration (the case's ``sim_config``), and each campaign table of ``sim_tables`` (engine
+    model → table) on the same windows."""
     from ..realconfig import repetition_resampled_delta
 
     pred = cases[tag].sim_config
@@ -364,8 +371,8 @@ def study_configuration(cases: Cases, tag: str, sim_tables: dict, *, n_resamples
                                 f"--tag {tag}` to simulate the case in its configuration")
     runs = cases.runs(tag)
     rows = {
-        "real engine (windows and repetitions resampled)": repetition_resampled_delta(
-            runs, n_resamples=n_resamples, seed=seed),
+        REAL_PAIRED: repetition_resampled_delta(runs, n_resamples=n_resamples, seed=seed),
+        REAL_UNPAIRED: repetition_resampled_delta(runs, n_resamples=n_resamples, seed=seed, paired=False),
         "simulator, same configuration (vllm_v1)": case_deltas(pred, "", n_resamples=n_resamples, seed=seed),
     }
     for engine_name, table in sim_tables.items():
@@ -454,10 +461,10 @@ def short_finding(real_row: pd.DataFrame, pred_row: pd.DataFrame, camp_rows: dic
     reps_text = present.count(reps, "repetition") if reps == reps_max else f"{reps}–{reps_max} repetitions"
     short = (f"In the study's real-system configuration — vLLM's CPU build, a tiny random-weight model, "
              f"{int(real_row['n_windows'].min())} windows per source, {reps_text} — "
-             f"{policy_a} − {policy_b} mean ANWG at {CASE_REGION} is {real_text} (95% CI, windows and "
+             f"{policy_a} − {policy_b} mean ANWG at {CASE_REGION} is {real_text} (95% CI, windows and paired "
              f"repetitions resampled): "
              + present.join([f"{source_label(s_)} {verdict[s_]}"
-                             + (f" (±{present.num(real_row.loc[s_, 'half_width'], 3)})"
+                             + (f" (±{present.num(real_row.loc[s_, 'half_width'], 4)})"
                                 if verdict[s_] == "not settled" else "") for s_ in order_src]) + ". "
              + robust_clause(real_row, steady_row, order_src) +
              f"The simulator in the same configuration predicts {triple(pred_row)} "

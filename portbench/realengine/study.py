@@ -261,13 +261,40 @@ class _Session:
         return self.meta["lambda_ref_real"]
 
     def write(self) -> None:
-        """The five tables, then the provenance (which names what they hold)."""
+        """The five tables, the runs last, then the provenance (which names what they hold). A run is
+        done once the runs table holds it: a case stopped between two files leaves rows of a run the
+        runs table does not hold, which :func:`_finished_runs_only` drops when the case resumes."""
         self.case.write(
-            runs=pd.DataFrame(self.runs),
             requests=pd.concat(self.requests, ignore_index=True) if self.requests else pd.DataFrame(),
             calibration=pd.DataFrame(self.calibration),
             steps=pd.concat(self.steps, ignore_index=True) if self.steps else pd.DataFrame(),
-            attempts=pd.DataFrame(self.attempts), meta=self.meta)
+            attempts=pd.DataFrame(self.attempts), runs=pd.DataFrame(self.runs), meta=self.meta)
+
+
+def _finished_runs_only(case: results.Case, runs: pd.DataFrame | None, parts: dict) -> tuple:
+    """A stored case's runs and ``parts`` (part name → frame keyed by :data:`RUN_KEY`), each
+    holding only the runs that were finished: those in the runs table with their requests on disk
+    (a case written before the runs table came last could stop between its runs and its requests).
+    Says what it drops."""
+    if runs is None or not len(runs):
+        return runs, parts
+    keys = pd.MultiIndex.from_frame(runs[list(RUN_KEY)])
+    requests = parts.get("requests")
+    if requests is not None and len(requests):
+        keys = keys[keys.isin(pd.MultiIndex.from_frame(requests[list(RUN_KEY)]))]
+    kept_runs = runs[pd.MultiIndex.from_frame(runs[list(RUN_KEY)]).isin(keys)]
+    kept = {name: (f[pd.MultiIndex.from_frame(f[list(RUN_KEY)]).isin(keys)]
+                   if f is not None and len(f) and set(RUN_KEY) <= set(f.columns) else f)
+            for name, f in parts.items()}
+    dropped = {name: len(parts[name]) - len(kept[name]) for name in parts
+               if parts[name] is not None and len(parts[name]) != len(kept[name])}
+    if len(kept_runs) != len(runs):
+        dropped["runs"] = len(runs) - len(kept_runs)
+    if dropped:
+        print(f"resuming {case.tag}: dropping the rows of runs not finished when it stopped ("
+              + ", ".join(f"{n} {name}" for name, n in dropped.items()) + "); they are run again", flush=True)
+    return kept_runs.reset_index(drop=True), {n: (f.reset_index(drop=True) if f is not None else f)
+                                              for n, f in kept.items()}
 
 
 def _steps_frame(info: dict) -> pd.DataFrame:
@@ -349,15 +376,17 @@ def _open_session(config: CaseConfig, name: str, windows: list, resume: bool) ->
     stored = _stored_case(case, config, name) if resume else None
     meta_old = stored or {}
 
-    def stored_part(part):
-        return getattr(case, part) if stored is not None else None
+    stored_runs, parts = _finished_runs_only(
+        case, case.runs if stored is not None else None,
+        {p: getattr(case, p) if stored is not None else None for p in ("requests", "steps", "attempts")})
+    parts.update(runs=stored_runs, calibration=case.calibration if stored is not None else None)
 
     def rows(part):
-        frame = stored_part(part)
+        frame = parts[part]
         return frame.to_dict("records") if frame is not None and len(frame) else []
 
     def frames(part):
-        frame = stored_part(part)
+        frame = parts[part]
         return [frame] if frame is not None and len(frame) else []
 
     runs = rows("runs")
@@ -427,11 +456,15 @@ def _reference_probes(config: CaseConfig, session: _Session, probe) -> dict[str,
         spread, walls = min(rounds, key=lambda r: r[0])
         ref = float(np.median(walls))
         stored = session.meta["probe_reference"].get(policy, {}).get("wall_s")
-        kept_stored = stored is not None and ref > stored * (1 + tolerance)
+        # Either way: a slower host now would make a noisy reference, and a faster one (another
+        # machine) would serve the case's λ_ref, searched on the earlier host, at a lighter load.
+        kept_stored = stored is not None and abs(ref / stored - 1) > tolerance
         if kept_stored:
             print(f"host probe for {policy}: {ref:.3f} s now vs {stored:.3f} s at the case's start "
-                  f"(+{ref / stored - 1:.0%}): the host is slow now; keeping the earlier reference",
-                  flush=True)
+                  f"({ref / stored - 1:+.0%}): the host is "
+                  + ("slow now" if ref > stored else "faster now, and the case's λ_ref would be a lighter "
+                     "load on it (its runs are re-run and flagged while it stays so)")
+                  + "; keeping the earlier reference", flush=True)
         refs[policy] = float(stored) if kept_stored else ref
         session.meta["probe_reference"][policy] = {
             "wall_s": refs[policy], "probes_s": walls, "spread": spread, "rounds": len(rounds),
