@@ -21,6 +21,7 @@ def _positive_int(text: str) -> int:
     """An argparse type: a whole number of at least 1."""
     return _whole_int(text, 1)
 
+
 def _campaign(args) -> int:
     from . import store
     from .campaign import CampaignConfig, results_are_current, results_path, run_campaign

@@ -197,27 +197,26 @@ def repetition_resampled_delta(runs: pd.DataFrame, *, policies=("slai_faithful",
                 both = both[[a, b]].dropna()
                 if not len(both):
                     continue
-                per[wid] = (both[a].to_numpy(dtype=float) - both[b].to_numpy(dtype=float),)
+                per[wid] = [(+1, both[a].to_numpy(dtype=float) - both[b].to_numpy(dtype=float))]
                 counts.append(len(both))
                 centred.append((both - both.mean()).to_numpy(dtype=float))
             else:
                 xa = gw.loc[gw["policy"] == a, metric].to_numpy(dtype=float)
                 xb = gw.loc[gw["policy"] == b, metric].to_numpy(dtype=float)
                 if len(xa) and len(xb):
-                    per[wid] = (xa, xb)
+                    per[wid] = [(+1, xa), (-1, xb)]
                     counts += [len(xa), len(xb)]
         if not per:
             continue
         keys = list(per)
-        point = float(np.mean([x[0].mean() - (x[1].mean() if len(x) > 1 else 0.0) for x in per.values()]))
+        # per window: (sign, values) whose signed means add up to its difference
+        point = float(np.mean([sum(sign * x.mean() for sign, x in per[w]) for w in keys]))
         draws = np.empty(n_resamples)
         for i in range(n_resamples):
             total = 0.0
             for j in rng.integers(0, len(keys), len(keys)):
-                x = per[keys[j]]
-                total += x[0][rng.integers(0, len(x[0]), len(x[0]))].mean()
-                if len(x) > 1:
-                    total -= x[1][rng.integers(0, len(x[1]), len(x[1]))].mean()
+                for sign, x in per[keys[j]]:
+                    total += sign * x[rng.integers(0, len(x), len(x))].mean()
             draws[i] = total / len(keys)
         lo, hi = np.percentile(draws, [2.5, 97.5])
         corr = np.nan
