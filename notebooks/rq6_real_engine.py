@@ -260,10 +260,7 @@ if study_config_run:
         glue(f"rq6_study_real_verdict_{src}", reading.settled(real_row.loc[src]), display=False)
     glue("rq6_study_pair_corr", present.join(
         [f"{real_row.loc[s_, 'pair_corr']:.2f} on {source_label(s_)}" for s_ in real_row.index]), display=False)
-    glue("rq6_study_unpaired_reading", present.join(
-        [f"{present.signed(unpaired_row.loc[s_, 'delta'], 3)} on {source_label(s_)} "
-         f"[{present.signed(unpaired_row.loc[s_, 'ci_low'], 3)}, {present.signed(unpaired_row.loc[s_, 'ci_high'], 3)}] "
-         f"({reading.settled(unpaired_row.loc[s_])})" for s_ in real_row.index]), display=False)
+    glue("rq6_study_unpaired_reading", reading.interval_reading(unpaired_row, real_row.index), display=False)
     # signs compared only where the measured sign is settled: an unsettled one is noise
     real_signs = reading.signs(real_row, real_row.index)
     settled_src = [s_ for s_ in real_row.index if reading.settled(real_row.loc[s_]) == "sign settled"]
@@ -281,11 +278,7 @@ if study_config_run:
     steady_row = repetition_resampled_delta(steady[~steady["speed_off"]], n_resamples=n_resamples,
                                             seed=seed).set_index("source")
     glue("rq6_study_steady_excluded", f"{int(steady['speed_off'].sum())} of {len(steady)}", display=False)
-    glue("rq6_study_steady_reading", present.join(
-        [f"{present.signed(steady_row.loc[s_, 'delta'], 3)} on {source_label(s_)} "
-         f"[{present.signed(steady_row.loc[s_, 'ci_low'], 3)}, {present.signed(steady_row.loc[s_, 'ci_high'], 3)}] "
-         f"({reading.settled(steady_row.loc[s_])})" for s_ in real_row.index if s_ in steady_row.index]),
-         display=False)
+    glue("rq6_study_steady_reading", reading.interval_reading(steady_row, real_row.index), display=False)
     display(present.table(configured, digits=3))
     display(present.table(real_row.reset_index()[["source", "n_windows", "repetitions", "delta", "ci_low",
                                                   "ci_high", "half_width", "pair_corr"]], digits=4))

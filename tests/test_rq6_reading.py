@@ -20,6 +20,13 @@ def test_a_verdict_is_settled_by_an_interval_off_zero_or_narrow_enough():
                                                          "not settled"]
 
 
+def test_an_interval_reading_names_each_source_with_its_verdict():
+    r = row(azure_llm_2024=(0.0, -0.004, 0.004), bailian_qwen=(-0.005, -0.008, -0.003))
+    assert rq6.interval_reading(r, ["azure_llm_2024", "bailian_qwen", "burstgpt"]) == (
+        "0.000 on Azure [−0.004, +0.004] (no difference beyond ±0.005) and "
+        "−0.005 on Bailian [−0.008, −0.003] (sign settled)")
+
+
 def test_the_robust_clause_names_only_the_sources_whose_verdict_it_changes():
     real = row(azure_llm_2024=(0.0, -0.01, 0.01), burstgpt=(-0.05, -0.09, -0.01))
     steady = row(azure_llm_2024=(0.0, -0.007, 0.007), burstgpt=(-0.03, -0.07, 0.001))

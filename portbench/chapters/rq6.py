@@ -407,6 +407,14 @@ def settled(r) -> str:
     return "not settled"
 
 
+def interval_reading(table: pd.DataFrame, sources) -> str:
+    """Each of ``sources`` in ``table`` as "−0.005 on Bailian [−0.008, −0.003] (sign settled)",
+    joined (:func:`settled` says the verdict)."""
+    return present.join([f"{present.signed(table.loc[s_, 'delta'], 3)} on {source_label(s_)} "
+                         f"[{present.signed(table.loc[s_, 'ci_low'], 3)}, {present.signed(table.loc[s_, 'ci_high'], 3)}] "
+                         f"({settled(table.loc[s_])})" for s_ in sources if s_ in table.index])
+
+
 def runs_to_settle(real_row: pd.DataFrame, runs: pd.DataFrame, target: float = 0.005) -> str:
     """For each source whose interval settles nothing (:func:`settled`), about how many more runs
     would bring its half-width to ``target``, if the spread stays as it is (a half-width shrinks as
