@@ -420,7 +420,7 @@ def register(sub) -> None:
     q.add_argument("--quiet", action="store_true")
     q.set_defaults(func=_realengine_case)
     from .realengine import PROBE_REPEATS, PROBE_WARMUP
-    from .realengine.study import CASE_REGION, CASE_SOURCES
+    from .realengine.study import CASE_REGION, CASE_SOURCES, CaseConfig
     from .regions import REGIONS
     q = rsub.add_parser(
         "replay", help="replay named policies (your own key policy too) on vLLM for a few windows",
@@ -442,7 +442,7 @@ def register(sub) -> None:
     q.add_argument("--lambda-refs-from", default="vllm_cpu_guarded_case",
                    help="reuse this case's real-engine λ_ref ('none': search each window, ~6 replays each)")
     q.add_argument("--budget-s", type=float, default=None, help="stop starting runs after this long")
-    q.add_argument("--reference-probes", type=_positive_int, default=3,
+    q.add_argument("--reference-probes", type=_positive_int, default=CaseConfig.reference_probes,
                    help="host probes that make each policy's reference before its first run")
     q.add_argument("--probe-warmup", type=_whole_int, default=PROBE_WARMUP, help="untimed replays of each host probe")
     q.add_argument("--probe-repeats", type=_positive_int, default=PROBE_REPEATS,
