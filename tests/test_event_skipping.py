@@ -38,3 +38,35 @@ def test_vllm_v1_fast_path_on_frozen_windows(policy, frozen_windows):
             fast = sim.simulate(w, make_policy(policy), model, event_skipping=True)
             slow = sim.simulate(w, make_policy(policy), model, event_skipping=False)
             assert_same(fast, slow)
+
+
+def test_vllm_v1_chunk_stretches_equal_the_walk(monkeypatch):
+    """Long prompts prefilled in many chunks of the 2,048-token budget (prefix-hashed windows, with
+    the prefix cache on and off): the stretches over the steps that repeat a chunk step equal
+    walking them, and they do happen. The step cost reads the context and has a gap between steps,
+    so that a stretch's step times must follow the growing context exactly."""
+    from portbench import store
+    from portbench.engine import StepCost, VllmV1Model
+    from portbench.engine import vllm_v1
+
+    stretches = []
+    bulk = vllm_v1._V1Engine._bulk_steps
+
+    def spy(self, k, run, p, c, context):
+        stretches.append((k, p, c))
+        return bulk(self, k, run, p, c, context)
+
+    monkeypatch.setattr(vllm_v1._V1Engine, "_bulk_steps", spy)
+    windows = store.load_windows(source=store.PREFIX_HASHED_SOURCE)[:2]
+    for caching in (True, False):
+        model = VllmV1Model(enable_prefix_caching=caching, max_kv_tokens=262144,
+                            cost=StepCost(per_context_token_s=3.1e-8, gap_s=2.3e-4))
+        for window in windows:
+            for factor in (1.0, 4.0):
+                w = scale(window, factor)
+                for policy in ("fifo", "edf", "lpm", "kv_constrained_online"):
+                    fast = sim.simulate(w, make_policy(policy), model, event_skipping=True)
+                    slow = sim.simulate(w, make_policy(policy), model, event_skipping=False)
+                    assert_same(fast, slow)
+    chunked = [s for s in stretches if s[1] >= 0]
+    assert chunked and max(k for k, _, _ in chunked) > 1

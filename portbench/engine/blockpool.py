@@ -33,6 +33,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from . import _jit  # noqa: F401  (numba's cache, keyed by the engine's sources)
 from .prefix import block_keys
 from .reqtable import BLOCKS, DECODED, INP, TARGET
 
@@ -212,22 +213,23 @@ def _fewest_blocks(A, st, ids, bs, budget, thr, whole):
     return least
 
 
+# The per-block helpers take the pool's arrays themselves, not ``P``: each array taken out of the
+# tuple is a reference counted in and out, which costs more than the block's own work.
+
 @numba.njit(cache=True)
-def _unlink(P, b):
-    nxt, prv = P[NXT], P[PRV]
+def _unlink(nxt, prv, b):
+    """Take block ``b`` out of the free queue."""
     p, q = prv[b], nxt[b]
     nxt[p] = q
     prv[q] = p
 
 
 @numba.njit(cache=True)
-def _forget(P, b):
+def _forget(bkey, dnext, dprev, khead, ktail, b):
     """Evict block ``b``'s key, if it has one."""
-    bkey = P[BKEY]
     k = bkey[b]
     if k < 0:
         return
-    dnext, dprev, khead, ktail = P[DNEXT], P[DPREV], P[KHEAD], P[KTAIL]
     p, q = dprev[b], dnext[b]
     if p >= 0:
         dnext[p] = q
@@ -244,10 +246,11 @@ def _forget(P, b):
 def touch(P, st, i, h):
     """Give request ``i`` (no blocks yet) its first ``h`` blocks from the cache, shared."""
     khead, ref, table, off, rkey = P[KHEAD], P[REF], P[TABLE], P[TOFF][i], P[RKEY]
+    nxt, prv = P[NXT], P[PRV]
     for j in range(h):
         b = khead[rkey[off + j]]
         if ref[b] == 0:
-            _unlink(P, b)
+            _unlink(nxt, prv, b)
         ref[b] += 1
         table[off + j] = b
     st[i, BLOCKS] = h
@@ -257,15 +260,18 @@ def touch(P, st, i, h):
 @numba.njit(cache=True)
 def allocate(P, st, i, n):
     """Give request ``i`` ``n`` new blocks from the free queue's head (evicting their keys)."""
-    nxt, ref, table, off = P[NXT], P[REF], P[TABLE], P[TOFF][i]
+    nxt, prv, ref, table, off = P[NXT], P[PRV], P[REF], P[TABLE], P[TOFF][i]
+    bkey, dnext, dprev, khead, ktail = P[BKEY], P[DNEXT], P[DPREV], P[KHEAD], P[KTAIL]
     s = ref.shape[0]
+    held = st[i, BLOCKS]
     for _ in range(n):
         b = nxt[s]
-        _unlink(P, b)
-        _forget(P, b)
+        _unlink(nxt, prv, b)
+        _forget(bkey, dnext, dprev, khead, ktail, b)
         ref[b] = 1
-        table[off + st[i, BLOCKS]] = b
-        st[i, BLOCKS] += 1
+        table[off + held] = b
+        held += 1
+    st[i, BLOCKS] = held
 
 
 @numba.njit(cache=True)

@@ -34,7 +34,11 @@ and is a pure function of the view): such a policy is asked only in a step where
 request could get a slot, budget and the KV blocks of its first chunk; and once no waiting request
 can, a stretch runs on past arrivals that could not be admitted either (free blocks only shrink in
 it), however the policy would have ranked them. Its admissions are taken lazily, so a long queue is
-walked only as far as the engine admits. The per-request loops of a step and of a stretch are
+walked only as far as the engine admits. A long prompt's chunks make the third shortcut: while the
+running requests decode up to one still prefilling, which takes all the budget they leave (so no
+waiting request can be admitted, whatever arrives), each step repeats the last but for the context,
+which grows by the step's tokens, and the engine runs them at once as a stretch, up to the step
+before the one that completes that prompt (``_chunk_steps``). The per-request loops of a step and of a stretch are
 compiled with numba over one int64 table (a row per request); the policies still see plain Python.
 A ``steady`` decision (see :class:`~portbench.engine.Decision`) is repeated at the steps it covers
 without asking the policy; those steps are walked one by one all the same (their times depend on
@@ -66,6 +70,7 @@ import numpy as np
 
 from .api import (NEVER, Decision, EngineView, Policy, PolicyContractError, RunResult, check_decision,
                   check_in_window, read_only, skips_steps)
+from . import _jit  # noqa: F401  (numba's cache, keyed by the engine's sources)
 from . import blockpool
 from .reqtable import BLOCKS, COMPUTED, DECODED, FINISH, FIRST, INP, OUT, TARGET
 from .stepcost import PS, StepCost
@@ -389,19 +394,24 @@ def _step_end(sched, m, st, t_ps, finished, pool, cached):
 
 
 @numba.njit(cache=True)
-def _stretch_bound(run, st, free, bs, k):
-    """The most next pure-decode steps, at most ``k``, before the first completion (included) and
-    without running out of KV blocks."""
+def _stretch_bound(run, st, free, bs, k, p, c):
+    """The most next steps, at most ``k``, that repeat the shape of :func:`_stretch` (``run``'s
+    requests decoding, the one at position ``p``, if any, prefilling ``c`` tokens a step), before the
+    first completion (included), before that prefill computes its last token (excluded) and without
+    running out of KV blocks."""
     for j in range(run.shape[0]):
         i = run[j]
-        k = min(k, st[i, OUT] - st[i, DECODED])
+        if j == p:
+            k = min(k, (st[i, TARGET] - st[i, COMPUTED] - 1) // c)
+        else:
+            k = min(k, st[i, OUT] - st[i, DECODED])
     lo, hi = 0, k
     while lo < hi:
         mid = (lo + hi + 1) // 2
         need = 0
         for j in range(run.shape[0]):
             i = run[j]
-            need += -(-(st[i, COMPUTED] + mid) // bs) - st[i, BLOCKS]
+            need += -(-(st[i, COMPUTED] + (mid * c if j == p else mid)) // bs) - st[i, BLOCKS]
         if need <= free:
             lo = mid
         else:
@@ -410,26 +420,50 @@ def _stretch_bound(run, st, free, bs, k):
 
 
 @numba.njit(cache=True)
-def _decode_stretch(run, st, k, bs, t_ps, finished):
-    """``k`` pure-decode steps without a prefix cache (see :func:`_stretch`)."""
-    return _stretch(run, st, k, bs, t_ps, finished, blockpool.views(_no_pool()), False)
+def _chunk_shape(run, st, budget):
+    """Whether the next step is a chunk step that repeats: the running requests, in order, decode up
+    to one (``P``) still prefilling, which takes all the budget the decoders before it leave and has
+    more left to compute; those after it get nothing (the budget is spent). Returns (P's position,
+    its chunk, the context the step attends over: the scheduled requests' computed tokens), or
+    (-1, 0, 0) when the next step is not of that shape."""
+    context = 0
+    for p in range(run.shape[0]):
+        i = run[p]
+        left = st[i, TARGET] - st[i, COMPUTED]
+        if left == 1 and st[i, DECODED] > 0:
+            context += st[i, COMPUTED]
+            continue
+        c = budget - p
+        if c <= 0 or left <= c:
+            return -1, 0, 0
+        return p, c, context + st[i, COMPUTED]
+    return -1, 0, 0
 
 
 @numba.njit(cache=True)
-def _decode_stretch_cached(run, st, k, bs, t_ps, finished, pool):
-    """``k`` pure-decode steps with the prefix cache's block pool (see :func:`_stretch`)."""
-    return _stretch(run, st, k, bs, t_ps, finished, blockpool.views(pool), True)
+def _decode_stretch(run, st, k, bs, t_ps, finished, p, c):
+    """``k`` repeated steps without a prefix cache (see :func:`_stretch`)."""
+    return _stretch(run, st, k, bs, t_ps, finished, blockpool.views(_no_pool()), False, p, c)
 
 
 @numba.njit(cache=True)
-def _stretch(run, st, k, bs, t_ps, finished, pool, cached):
-    """``k`` pure-decode steps at once, the last ending at ``t_ps``: requests whose last token comes
-    in the k-th leave (with ``cached``, after every request took its blocks, as in the k-th step).
-    Returns (leavers, blocks taken net of those freed, KV tokens change)."""
+def _decode_stretch_cached(run, st, k, bs, t_ps, finished, pool, p, c):
+    """``k`` repeated steps with the prefix cache's block pool (see :func:`_stretch`)."""
+    return _stretch(run, st, k, bs, t_ps, finished, blockpool.views(pool), True, p, c)
+
+
+@numba.njit(cache=True)
+def _stretch(run, st, k, bs, t_ps, finished, pool, cached, p, c):
+    """``k`` steps of one shape at once, the last ending at ``t_ps``: each of ``run``'s requests
+    decodes a token a step, except the one at position ``p`` (-1: none), which prefills ``c`` tokens
+    a step and does not finish its prefill in them; decoders whose last token comes in the k-th
+    leave (with ``cached``, after every request took its blocks, as in the k-th step). Returns
+    (leavers, blocks taken net of those freed, KV tokens change)."""
     f = taken = kv = 0
     for j in range(run.shape[0]):
         i = run[j]
-        new_blocks = -(-(st[i, COMPUTED] + k) // bs) - st[i, BLOCKS]
+        grow = k * c if j == p else k
+        new_blocks = -(-(st[i, COMPUTED] + grow) // bs) - st[i, BLOCKS]
         if new_blocks > 0:
             if cached:
                 blockpool.allocate(pool, st, i, new_blocks)
@@ -437,11 +471,13 @@ def _stretch(run, st, k, bs, t_ps, finished, pool, cached):
                 st[i, BLOCKS] += new_blocks
             taken += new_blocks
         if cached:
-            blockpool.cache_full(pool, st, i, st[i, COMPUTED] + k, bs)
-        st[i, COMPUTED] += k
+            blockpool.cache_full(pool, st, i, st[i, COMPUTED] + grow, bs)
+        st[i, COMPUTED] += grow
+        kv += grow
+        if j == p:
+            continue
         st[i, DECODED] += k
         st[i, TARGET] += k
-        kv += k
         if st[i, DECODED] == st[i, OUT]:
             st[i, FINISH] = t_ps
             finished[f] = i
@@ -507,6 +543,7 @@ class _V1Engine:
         self.refused: tuple = ()            # (request, reason) where the last decision's admissions stopped
         self._decision = _NO_DECISION       # the decision of the last executed step
         self._idle = False                  # the last executed step was idle (see _execute_step)
+        self._spent = False                 # it used its whole token budget (see _execute_step)
         self._free_floor = None             # free blocks the next stretch must leave, if bounded
         self._drain_end_ps = None           # no step starts at or after it (set at the last arrival)
         self.step_starts_ps = None          # a list when recording (the step-by-step check's diagnostics)
@@ -701,6 +738,10 @@ class _V1Engine:
                 k = self._idle_steps(order, nxt)
                 if k > 0:
                     self._skip_idle(k)
+            elif lazy and steady is None and self._spent:
+                k, run, p, c, context = self._chunk_steps(order, nxt)
+                if k > 0:
+                    self._bulk_steps(k, run, p, c, context)
             if steady is not None and (self._running_changed or self.refused):
                 steady = None           # a completion, a preemption or a refused admission ends it
 
@@ -835,6 +876,7 @@ class _V1Engine:
             for i in taken:
                 self.waiting.remove(i)
                 self.queue_log.append(~i)
+        self._spent = budget <= 0              # the step's token budget all used (see _chunk_steps)
         # step time from the batch
         c0, cp, cd, cc, cg = self._c
         self.last_step_start_ps = self.t_ps
@@ -912,20 +954,21 @@ class _V1Engine:
             self._hold_of, self._hold_arr = hold, np.fromiter(hold, dtype=np.int64, count=len(hold))
         return self._hold_arr
 
-    def _span_ps(self, k: int, D: int, C0: int) -> int:
-        """Sum of the next ``k`` pure-decode step times (context grows by D a step)."""
-        c0, _, cd, cc, cg = self._c
-        return k * (c0 + cg + cd * D + cc * C0) + cc * D * (k * (k - 1) // 2)
+    def _span_ps(self, k: int, D: int, C0: int, c: int = 0) -> int:
+        """Sum of the next ``k`` step times of ``D`` decodes and ``c`` prefill tokens each, over a
+        context of ``C0`` tokens that grows by ``D + c`` a step."""
+        c0, cp, cd, cc, cg = self._c
+        return k * (c0 + cg + cp * c + cd * D + cc * C0) + cc * (D + c) * (k * (k - 1) // 2)
 
-    def _steps_starting_before(self, limit_ps: int, k: int, D: int, C0: int) -> int:
-        """The most of the next ``k`` pure-decode steps that all start before ``limit_ps``."""
+    def _steps_starting_before(self, limit_ps: int, k: int, D: int, C0: int, c: int = 0) -> int:
+        """The most of the next ``k`` such steps (see :meth:`_span_ps`) that all start before ``limit_ps``."""
         limit = limit_ps - self.t_ps        # the j-th step of a stretch starts at span(j - 1)
-        if k <= 0 or self._span_ps(k - 1, D, C0) < limit:
+        if k <= 0 or self._span_ps(k - 1, D, C0, c) < limit:
             return max(0, k)
         lo, hi = 0, k - 1
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if self._span_ps(mid - 1, D, C0) < limit:
+            if self._span_ps(mid - 1, D, C0, c) < limit:
                 lo = mid
             else:
                 hi = mid - 1
@@ -945,7 +988,8 @@ class _V1Engine:
         C0 = self._kv
         # completions (the first one included) and KV blocks
         free = self.free_blocks - (self._free_floor or 0)
-        k = _stretch_bound(np.array(self.running, dtype=np.int64), self.st, free, m.block_size, _MAX_STRETCH)
+        k = _stretch_bound(np.array(self.running, dtype=np.int64), self.st, free, m.block_size, _MAX_STRETCH,
+                           -1, 0)
         # the next arrival that matters: every step of the stretch must start before it
         stop = nxt
         if blocked and k > 0:
@@ -997,15 +1041,45 @@ class _V1Engine:
 
     def _bulk_decode(self, k: int) -> None:
         """Run ``k`` pure-decode steps at once; requests whose last token comes in the k-th leave."""
-        D = len(self.running)
+        self._bulk_steps(k, np.array(self.running, dtype=np.int64), -1, 0, self._kv)
+
+    def _chunk_steps(self, order, nxt) -> tuple[int, np.ndarray, int, int, int]:
+        """How many next steps repeat a chunk step (:func:`_chunk_shape`), with (the scheduled
+        requests, the prefilling one's position among them, its chunk, the first step's context).
+        The policy only admits and the budget is spent before the waiting queue, so it would not be
+        asked, and an arrival changes nothing but the queue; the last arrival ends the stretch (it
+        starts the drain clock), and so does the drain bound. (Only without the long-prefill cap,
+        which an arrival may switch on, and with the closed-form step cost.)"""
+        m = self.model
+        if self._step_ps is not None or m.long_prefill_token_threshold > 0 or not self.running:
+            return 0, _NO_HOLD, -1, 0, 0
+        run = np.array(self.running, dtype=np.int64)
+        p, c, context = _chunk_shape(run, self.st, m.max_num_batched_tokens)
+        if p < 0:
+            return 0, _NO_HOLD, -1, 0, 0
+        run = run[:p + 1]
+        k = _stretch_bound(run, self.st, self.free_blocks, m.block_size, _MAX_STRETCH, p, c)
+        if nxt < self.n:
+            k = self._steps_starting_before(self.arrival_ps[order[-1]], k, p, context, c)
+        if self._drain_end_ps is not None:
+            k = self._steps_starting_before(self._drain_end_ps, k, p, context, c)
+        return max(0, k), run, p, c, context
+
+    def _bulk_steps(self, k: int, run: np.ndarray, p: int, c: int, context: int) -> None:
+        """Run ``k`` steps of one shape at once (see :func:`_stretch`): ``run``'s requests decode,
+        but the one at position ``p`` (-1: none), which prefills ``c`` tokens a step; the first step
+        attends over ``context`` tokens. Decoders whose last token comes in the k-th leave."""
+        D = len(run) - (p >= 0)
+        grow = D + (c if p >= 0 else 0)          # tokens computed a step
         C0 = self._kv
-        self.last_step_start_ps = self.t_ps + self._span_ps(k - 1, D, C0)
-        self.prev_kv_used = C0 + D * (k - 1)     # each of the k steps computes one token per decoder
-        self.t_ps += self._span_ps(k, D, C0)
+        self.last_step_start_ps = self.t_ps + self._span_ps(k - 1, D, context, c)
+        self.prev_kv_used = C0 + grow * (k - 1)
+        self.t_ps += self._span_ps(k, D, context, c)
         self.step += k
-        run, bs = np.array(self.running, dtype=np.int64), self.model.block_size
-        n_fin, taken, kv = _decode_stretch(run, self.st, k, bs, self.t_ps, self._finished) \
-            if self._P is None else _decode_stretch_cached(run, self.st, k, bs, self.t_ps, self._finished, self._P)
+        bs = self.model.block_size
+        n_fin, taken, kv = _decode_stretch(run, self.st, k, bs, self.t_ps, self._finished, p, c) \
+            if self._P is None else _decode_stretch_cached(run, self.st, k, bs, self.t_ps, self._finished,
+                                                           self._P, p, c)
         self.free_blocks -= taken
         self._kv += kv
         if n_fin:
