@@ -34,6 +34,7 @@ real_engine_runs = ["vllm_cpu_guarded_case", "vllm_cpu_equal_case", "vllm_cpu_st
                     "vllm_cpu_case"]  # real-engine case runs to read, headline first
 equal_limits_run = "vllm_cpu_equal_case"  # of those, the run with the same max_model_len for both policies ("": none)
 study_config_run = "vllm_cpu_study_case"  # of those, the run with the study's real-system configuration ("": none)
+study_rehost_run = "vllm_cpu_study_azure_h2_case"  # that configuration rerun on a second host, λ_ref searched there ("": none)
 exclude_host_flagged = False  # leave out runs whose host probes drifted on every attempt (see the fidelity chapter)
 gpu_run = "h200_study"     # the GPU run's file prefix in data/results/realengine ("": none)
 gpu_budget_s = 900         # the device time a GPU run is lent (s): what the plain verdict measures against
@@ -279,10 +280,30 @@ if study_config_run:
                                             seed=seed).set_index("source")
     glue("rq6_study_steady_excluded", f"{int(steady['speed_off'].sum())} of {len(steady)}", display=False)
     glue("rq6_study_steady_reading", reading.interval_reading(steady_row, real_row.index), display=False)
+    rehost_row = None
+    if study_rehost_run:
+        rehost = reading.open_cases([study_rehost_run], exclude_host_flagged=exclude_host_flagged)
+        rehost_rows = reading.study_configuration(rehost, study_rehost_run, {}, n_resamples=n_resamples, seed=seed)
+        rehost_row = rehost_rows[reading.REAL_PAIRED].set_index("source")
+        rehost_pred = rehost_rows["simulator, same configuration (vllm_v1)"].set_index("source")
+        # the provenance bullet as plain text (a glued value is not parsed as markdown)
+        glue("rq6_study_rehost_provenance",
+             reading.provenance_line(rehost, study_rehost_run).removeprefix("- ").replace("**", ""), display=False)
+        glue("rq6_study_rehost_reading", reading.interval_reading(rehost_row, rehost_row.index), display=False)
+        glue("rq6_study_rehost_sim", present.join(
+            [f"{present.signed(rehost_pred.loc[s_, 'delta'], 3)} on {source_label(s_)} "
+             f"[{present.signed(rehost_pred.loc[s_, 'ci_low'], 3)}, {present.signed(rehost_pred.loc[s_, 'ci_high'], 3)}]"
+             for s_ in rehost_pred.index]), display=False)
+        glue("rq6_study_rehost_probe", present.join(
+            [f"{present.num(v['wall_s'] * 1e3, 0)} ms for {k}" for k, v in
+             rehost[study_rehost_run].meta["probe_reference"].items()]), display=False)
+        glue("rq6_study_first_probe", present.join(
+            [f"{present.num(v['wall_s'] * 1e3, 0)} ms" for v in
+             cases[study_config_run].meta["probe_reference"].values()]), display=False)
     display(present.table(configured, digits=3))
     display(present.table(real_row.reset_index()[["source", "n_windows", "repetitions", "delta", "ci_low",
                                                   "ci_high", "half_width", "pair_corr"]], digits=4))
-    short = reading.short_finding(real_row, pred_row, camp_rows, agree, steady_row)
+    short = reading.short_finding(real_row, pred_row, camp_rows, agree, steady_row, rehost_row)
     glue("rq6_short_finding", short, display=False)
     glue("rq6_short_finding_words", len(short.split()), display=False)
 else:
@@ -292,6 +313,10 @@ else:
     glue("rq6_study_steady_reading", "n/a", display=False)
     glue("rq6_study_pair_corr", "n/a", display=False)
     glue("rq6_study_unpaired_reading", "n/a", display=False)
+if not (study_config_run and study_rehost_run):
+    for name in ("provenance", "reading", "sim", "probe"):
+        glue(f"rq6_study_rehost_{name}", "n/a (no such case)", display=False)
+    glue("rq6_study_first_probe", "n/a", display=False)
 
 # %% [markdown]
 # A source is settled when its interval excludes 0 or is at most ±0.005 wide ("no difference beyond
@@ -308,6 +333,21 @@ else:
 # {glue:text}`rq6_study_steady_excluded:s` runs whose step ratio is more than 15% (the guard's
 # tolerance) off the median of the same window and policy, SLAI − vLLM is
 # {glue:text}`rq6_study_steady_reading:s`.
+#
+# **A second host.** The first case can only be resumed on a host of its own speed: on a faster one
+# its λ_ref is a lighter load, and its guard flags every run. The host at hand ran vLLM faster (its
+# reference probe took {glue:text}`rq6_study_rehost_probe:s`; the first case's took
+# {glue:text}`rq6_study_first_probe:s`), so the case was run again there, for the source it left
+# unsettled, as a case of its own (`study_rehost_run`): the same configuration, windows, policies
+# and guard, with λ_ref searched anew on that host, as the study's method does on any engine, so
+# that its region is a load that host finds heavy. vLLM ran pinned to one core
+# (`VLLM_CPU_OMP_THREADS_BIND=0 taskset -c 0`; the probe ran as fast on one core as on two with this
+# model). Its runs are not pooled with the first case's: they ran at other loads.
+#
+# The case: {glue:text}`rq6_study_rehost_provenance:s`
+#
+# SLAI − vLLM there (paired, as above): {glue:text}`rq6_study_rehost_reading:s`; the simulator in
+# its configuration (its own λ_ref and cost): {glue:text}`rq6_study_rehost_sim:s`.
 
 # %% [markdown]
 # The other cases ran in other configurations, and their simulated counterparts (request by request,

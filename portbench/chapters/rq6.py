@@ -96,7 +96,9 @@ def _guard_summary(cases: Cases, tag: str, case: dict) -> str:
     if "host_flagged" not in runs:
         return f"{len(runs)} runs, no host guard (timings carry whatever else ran on the machine)."
     flagged = int(runs["host_flagged"].sum())
-    return (f"{len(runs)} runs ({case.get('repetitions', '?')} repetitions of each window and policy), "
+    reps = runs.groupby(["window_id", "policy"])["repetition"].nunique()     # as run (a case may stop early)
+    reps_text = str(reps.min()) if reps.min() == reps.max() else f"{reps.min()}–{reps.max()}"
+    return (f"{len(runs)} runs ({reps_text} repetitions of each window and policy), "
             f"each between two host probes; {flagged} flagged (probes off by more than "
             f"{case.get('drift_tolerance', float('nan')):.0%} on every attempt)"
             + (", left out below." if cases.exclude_host_flagged and flagged else ", kept below (their own steps: "
@@ -436,10 +438,11 @@ def signs(table: pd.DataFrame, sources) -> dict:
 
 
 def short_finding(real_row: pd.DataFrame, pred_row: pd.DataFrame, camp_rows: dict, agree: dict,
-                  steady_row: pd.DataFrame | None = None) -> str:
+                  steady_row: pd.DataFrame | None = None, rehost_row: pd.DataFrame | None = None) -> str:
     """The RQ6 finding in at most 150 words: the study-configuration case measured, the simulator
     in its configuration and in the campaign's, and the A100's result; with ``steady_row`` (the same
-    measured on the host-steady runs, :func:`host_steady_runs`), each source whose verdict it changes.
+    measured on the host-steady runs, :func:`host_steady_runs`), each source whose verdict it changes;
+    with ``rehost_row`` (the case rerun on a second host, :func:`rehost_clause`), its reading.
     ``agree``: per simulator row, how many of the measured signs it matches, counted over the sources
     whose measured sign is settled only (an unsettled sign is noise)."""
     policy_a, policy_b = CASE_POLICIES
@@ -469,12 +472,11 @@ def short_finding(real_row: pd.DataFrame, pred_row: pd.DataFrame, camp_rows: dic
     reps_text = present.count(reps, "repetition") if reps == reps_max else f"{reps}–{reps_max} repetitions"
     short = (f"In the study's real-system configuration — vLLM's CPU build, a tiny random-weight model, "
              f"{int(real_row['n_windows'].min())} windows per source, {reps_text} — "
-             f"{policy_a} − {policy_b} mean ANWG at {CASE_REGION} is {real_text} (95% CI, windows and paired "
-             f"repetitions resampled): "
+             f"{policy_a} − {policy_b} mean ANWG at {CASE_REGION} is {real_text} (95% paired-bootstrap CI): "
              + present.join([f"{source_label(s_)} {verdict[s_]}"
                              + (f" (±{present.num(real_row.loc[s_, 'half_width'], 4)})"
                                 if verdict[s_] == "not settled" else "") for s_ in order_src]) + ". "
-             + robust_clause(real_row, steady_row, order_src) +
+             + robust_clause(real_row, steady_row, order_src) + rehost_clause(rehost_row) +
              f"The simulator in the same configuration predicts {triple(pred_row)} "
              f"({agree['configured']} of the {n_settled} settled signs as measured). The lssp campaign's "
              f"{triple(campaign_lssp)} differs{cause}. The A100 measured "
@@ -498,6 +500,14 @@ def robust_clause(real_row: pd.DataFrame, steady_row: pd.DataFrame | None, order
         [f"{source_label(s_)} is {settled(steady_row.loc[s_])} "
          f"([{present.signed(steady_row.loc[s_, 'ci_low'], 3)}, {present.signed(steady_row.loc[s_, 'ci_high'], 3)}])"
          for s_ in moved]) + ". ")
+
+
+def rehost_clause(rehost_row: pd.DataFrame | None) -> str:
+    """A sentence on the study-configuration case rerun on a second host, with λ_ref searched there
+    (its paired reading per source, :func:`interval_reading`); '' without one."""
+    if rehost_row is None or not len(rehost_row):
+        return ""
+    return f"On a second host, own λ_ref: {interval_reading(rehost_row, rehost_row.index)}. "
 
 
 def own_configuration(cases: Cases, *, n_resamples: int, seed: int) -> pd.DataFrame:
