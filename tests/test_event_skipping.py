@@ -29,9 +29,11 @@ def frozen_windows():
                                     "slai_faithful", "kv_constrained_online", "scorpio_style_slo_guard"])
 def test_vllm_v1_fast_path_on_frozen_windows(policy, frozen_windows):
     """Real windows at and far past the vllm_v1 knee (long queues, KV-bound admission, preemption):
-    the fast path, with its stretches over arrivals that cannot be admitted, equals the walk."""
-    from portbench.engine import VllmV1Model
-    model = VllmV1Model(max_kv_tokens=32768)
+    the fast path, with its stretches over arrivals that cannot be admitted, equals the walk. The
+    step cost reads the context and has a gap between steps (the default has neither), so that a
+    stretch's summed step times are checked too."""
+    from portbench.engine import StepCost, VllmV1Model
+    model = VllmV1Model(max_kv_tokens=32768, cost=StepCost(per_context_token_s=3.1e-8, gap_s=2.3e-4))
     for window in frozen_windows:
         for factor in (1.5, 6.0):
             w = scale(window, factor)
