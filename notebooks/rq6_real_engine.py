@@ -290,10 +290,8 @@ if study_config_run:
         glue("rq6_study_rehost_provenance",
              reading.provenance_line(rehost, study_rehost_run).removeprefix("- ").replace("**", ""), display=False)
         glue("rq6_study_rehost_reading", reading.interval_reading(rehost_row, rehost_row.index), display=False)
-        glue("rq6_study_rehost_sim", present.join(
-            [f"{present.signed(rehost_pred.loc[s_, 'delta'], 3)} on {source_label(s_)} "
-             f"[{present.signed(rehost_pred.loc[s_, 'ci_low'], 3)}, {present.signed(rehost_pred.loc[s_, 'ci_high'], 3)}]"
-             for s_ in rehost_pred.index]), display=False)
+        glue("rq6_study_rehost_sim", reading.interval_reading(rehost_pred, rehost_pred.index, verdict=False),
+             display=False)
         glue("rq6_study_rehost_probe", present.join(
             [f"{present.num(v['wall_s'] * 1e3, 0)} ms for {k}" for k, v in
              rehost[study_rehost_run].meta["probe_reference"].items()]), display=False)

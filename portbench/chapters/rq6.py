@@ -409,12 +409,13 @@ def settled(r) -> str:
     return "not settled"
 
 
-def interval_reading(table: pd.DataFrame, sources) -> str:
+def interval_reading(table: pd.DataFrame, sources, verdict: bool = True) -> str:
     """Each of ``sources`` in ``table`` as "−0.005 on Bailian [−0.008, −0.003] (sign settled)",
-    joined (:func:`settled` says the verdict)."""
+    joined (:func:`settled` says the verdict; ``verdict=False`` leaves it out, for a prediction)."""
     return present.join([f"{present.signed(table.loc[s_, 'delta'], 3)} on {source_label(s_)} "
-                         f"[{present.signed(table.loc[s_, 'ci_low'], 3)}, {present.signed(table.loc[s_, 'ci_high'], 3)}] "
-                         f"({settled(table.loc[s_])})" for s_ in sources if s_ in table.index])
+                         f"[{present.signed(table.loc[s_, 'ci_low'], 3)}, {present.signed(table.loc[s_, 'ci_high'], 3)}]"
+                         + (f" ({settled(table.loc[s_])})" if verdict else "")
+                         for s_ in sources if s_ in table.index])
 
 
 def runs_to_settle(real_row: pd.DataFrame, runs: pd.DataFrame, target: float = 0.005) -> str:
@@ -464,9 +465,7 @@ def short_finding(real_row: pd.DataFrame, pred_row: pd.DataFrame, camp_rows: dic
     else:
         cause = (" not through the configuration alone: vllm_v1 in the campaign's configuration gives "
                  f"{triple(campaign_v1)}")
-    real_text = present.join([f"{present.signed(real_row.loc[s_, 'delta'], 3)} on {source_label(s_)} "
-                              f"[{present.signed(real_row.loc[s_, 'ci_low'], 3)}, "
-                              f"{present.signed(real_row.loc[s_, 'ci_high'], 3)}]" for s_ in order_src])
+    real_text = interval_reading(real_row, order_src, verdict=False)
     reps = int(real_row["repetitions"].min())
     reps_max = int(real_row.get("repetitions_max", real_row["repetitions"]).max())
     reps_text = present.count(reps, "repetition") if reps == reps_max else f"{reps}–{reps_max} repetitions"
