@@ -353,6 +353,14 @@ def engine_version() -> str:
     return transformers.__version__
 
 
+def use_attention(model, attn_implementation: str | None) -> str:
+    """Switch ``model`` to ``attn_implementation`` (None: leave it); returns the one it has now. The
+    engine runs a name without ``paged|`` on its paged counterpart, where it has one."""
+    if attn_implementation is not None and model.config._attn_implementation != attn_implementation:
+        model.set_attn_implementation(attn_implementation)
+    return str(model.config._attn_implementation)
+
+
 def build_model(shape: ModelShape = ModelShape(), device: str = "cpu", seed: int = 0):
     """A random-init Llama of ``shape`` on ``device`` (no hub access)."""
     torch.manual_seed(seed)
@@ -398,7 +406,8 @@ def replay(window: Window, policy: str, *, shape: ModelShape = ModelShape(), dev
            max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS, block_size: int = DEFAULT_BLOCK_SIZE,
            num_blocks: int = DEFAULT_NUM_BLOCKS, seed: int = 0, extra: dict | None = None,
            policy_params: dict | None = None, timeout_s: float | None = None, model=None,
-           max_in_flight: int | None = None, enable_chunked_prefill: bool = True):
+           max_in_flight: int | None = None, enable_chunked_prefill: bool = True,
+           attn_implementation: str | None = None):
     """Replay ``window`` (already time-scaled) on the engine in real time under ``policy``.
 
     extra: more ``ContinuousBatchingConfig`` fields (e.g. ``use_cuda_graph``, ``default_compile_level``,
@@ -414,11 +423,14 @@ def replay(window: Window, policy: str, *, shape: ModelShape = ModelShape(), dev
     enable_chunked_prefill: False admits a waiting request only with its whole prompt in the step's
         budget, closing admission at the first that does not fit (vLLM v1 without chunked prefill;
         ``vllm_faithful`` always does so; supported for ``slai_faithful`` too).
+    attn_implementation: the model's attention implementation for this replay and after it
+        (:data:`portbench.realengine.gpu.ATTENTION`; None: the model's own, run on its paged path).
 
     Returns ``(RunResult, info)``; info has the engine version, device, shape, wall time, the
     engine's set-up time before the first submission (``setup_s``: cache, CUDA-graph warm-up),
     generated tokens per second, evictions, submission lag (over requests not held by the cap),
-    each request's submission time (``submit_s``), the per-step log (a DataFrame) and ``environment``.
+    each request's submission time (``submit_s``), the first token each request generated
+    (``first_tokens``, in window order), the per-step log (a DataFrame) and ``environment``.
     """
     import pandas as pd
 
@@ -435,6 +447,7 @@ def replay(window: Window, policy: str, *, shape: ModelShape = ModelShape(), dev
     prompts = [random_prompt(int(p), shape.vocab_size, rng) for p in window.input_tokens]
     if model is None:
         model = build_model(shape, device, seed)
+    attention = use_attention(model, attn_implementation)
     gen_config = GenerationConfig(eos_token_id=-1, do_sample=False,
                                   max_new_tokens=int(window.output_tokens.max()))
     cb_config = _engine_config(policy, max_batch_tokens=max_batch_tokens, block_size=block_size,
@@ -472,6 +485,8 @@ def replay(window: Window, policy: str, *, shape: ModelShape = ModelShape(), dev
         n_evictions = sched.n_evictions
 
     result = result_from_engine(window, policy, ids, outputs, states, step_log, t0, n_steps, n_evictions)
+    first_tokens = [int(outputs[rid].generated_tokens[0]) if len(outputs[rid].generated_tokens) else -1
+                    for rid in ids]
 
     steps = pd.DataFrame(step_log, columns=["t_s", "prefill_tokens", "decode_seqs", "context_tokens",
                                             "n_requests", "steady", "schedule_s", "running", "waiting"])
@@ -489,12 +504,13 @@ def replay(window: Window, policy: str, *, shape: ModelShape = ModelShape(), dev
         "engine_config": {"max_batch_tokens": max_batch_tokens, "block_size": block_size,
                           "max_model_len": shape.max_position_embeddings,
                           "num_blocks": num_blocks, "max_in_flight": max_in_flight,
-                          "enable_chunked_prefill": bool(enable_chunked_prefill), **(extra or {})},
+                          "enable_chunked_prefill": bool(enable_chunked_prefill),
+                          "attn_implementation": attention, **(extra or {})},
         "policy_params": dict(policy_params or {}), "torch_threads": torch.get_num_threads(),
         "wall_s": wall, "setup_s": float(t0 - t_setup), "generated_tokens": generated, "generated_tokens_per_s": generated / wall,
         "n_steps": int(n_steps), "n_evictions": int(n_evictions),
         "submit_lag_max_s": float(lag.max()), "submit_lag_mean_s": float(lag.mean()),
-        "submit_s": submit, "n_held_by_cap": int(held.sum()),
+        "submit_s": submit, "n_held_by_cap": int(held.sum()), "first_tokens": first_tokens,
         "steps": steps,
         "environment": environment(ENGINE, engine_version(), shape, str(device)),
     }
@@ -558,7 +574,7 @@ def _submit_and_collect(manager, prompts, ids, arrival, window, timeout_s, max_i
 def step_profile(shape: ModelShape = ModelShape(), device: str = "cpu", *,
                  prefill_tokens=(0, 32, 128, 512), decode_seqs=(0, 1, 8, 32), context_tokens=(64, 512),
                  reps: int = 3, warmup: int = 2, block_size: int = DEFAULT_BLOCK_SIZE, seed: int = 0,
-                 extra: dict | None = None, model=None):
+                 extra: dict | None = None, model=None, attn_implementation: str | None = None):
     """Time the engine's steps over a grid of batch compositions; returns a pandas DataFrame.
 
     For each (decoding sequences ``d``, context ``c``), ``d`` requests with ``c``-token prompts are
@@ -575,7 +591,7 @@ def step_profile(shape: ModelShape = ModelShape(), device: str = "cpu", *,
     ``schedule_s`` (the scheduler's time). Uses the engine's private step methods (pinned 5.17.0).
     The grid is the caller's: for the case's ranges pass prefill up to 2,560 tokens, up to 128
     decoding sequences and contexts whose total (``decode_seqs × context_tokens``) reaches ~300k
-    tokens (the KV cache is sized to fit).
+    tokens (the KV cache is sized to fit). ``attn_implementation``: as :func:`replay`'s.
     """
     import pandas as pd
 
@@ -595,6 +611,7 @@ def step_profile(shape: ModelShape = ModelShape(), device: str = "cpu", *,
     num_blocks = max_d * (-(-(max_c + max_new) // block_size) + 2) + (max_p + 1) // block_size + 4
     if model is None:
         model = build_model(shape, device, seed)
+    attention = use_attention(model, attn_implementation)
     rng = np.random.default_rng(seed)
     gen_config = GenerationConfig(eos_token_id=-1, do_sample=False, max_new_tokens=max_new)
     cb_config = _engine_config("fifo", max_batch_tokens=max_batch_tokens, block_size=block_size,
@@ -681,5 +698,6 @@ def step_profile(shape: ModelShape = ModelShape(), device: str = "cpu", *,
     df = pd.DataFrame(rows)
     df.attrs.update({"engine": ENGINE, "engine_version": engine_version(), "device": str(device),
                      "shape": dataclasses.asdict(shape), "block_size": block_size, "num_blocks": num_blocks,
-                     "max_batch_tokens": max_batch_tokens, "torch_threads": torch.get_num_threads()})
+                     "max_batch_tokens": max_batch_tokens, "torch_threads": torch.get_num_threads(),
+                     "attn_implementation": attention})
     return df
