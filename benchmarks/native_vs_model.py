@@ -24,7 +24,8 @@ Configurations (``--configs``):
 - ``slai``: the campaign's with ``slai_faithful``'s engine settings on vLLM (a 512-token budget, 128
   sequences), its rule's own defaults. In every configuration ``slai_faithful``'s rule takes the
   engine's token budget and sequence cap (:func:`policy_for`, as the real runs set them), so that its
-  scheduler port and the simulator's policy plan the step the engine runs;
+  scheduler port and the simulator's policy plan the step the engine runs (the port asks the policy
+  itself at each step, on vLLM's state: :mod:`portbench.realengine.slai_plan`);
 - ``campaign_cache``: the campaign's with vLLM's prefix cache on in both (``enable_prefix_caching``;
   RQ9), and vLLM's ``max_model_len`` raised to the KV cache (131,072 tokens): ``vllm_v1`` has no
   such limit, and Mooncake's longest requests (up to 126,527 tokens) exceed vLLM's 32,768 default.
@@ -46,9 +47,9 @@ with numba). ``--out FILE.csv`` writes one row per run; ``--save`` writes them w
 chapter reads them (:func:`portbench.results.native_check_path`):
 
     .venv-vllm/bin/python benchmarks/native_vs_model.py --windows-per-source 0 --configs campaign study \
-        long_prefill --policies fifo edf vllm_priority --no-lssp --save
-    .venv-vllm/bin/python benchmarks/native_vs_model.py --windows-per-source 0 --configs slai \
-        --policies slai_faithful --no-lssp --save --merge      # SLAI's port, on its engine settings
+        long_prefill --policies fifo edf vllm_v0_priority --no-lssp --save
+    .venv-vllm/bin/python benchmarks/native_vs_model.py --windows-per-source 0 --configs campaign \
+        study long_prefill slai --policies slai_faithful --no-lssp --save --merge   # SLAI's port
 
 RQ9's check (prefix caching, Mooncake windows, λ_ref calibrated on ``vllm_v1`` with the cache on):
 

@@ -6,7 +6,8 @@ scratch data folder, runs each campaign there from an empty cache (the same comm
 ``portbench campaign``), and compares every table and λ_ref file with the committed one: it prints,
 per table, the number of cells that differ in each column (NaN equals NaN; ``cell_key``, a cache
 key that hashes the source code, is not compared), and for the cells that moved the policies and
-regions they belong to. Exit status 1 when an ``lssp`` table differs.
+regions they belong to. A committed row of a policy since renamed is compared under its registered
+name (:data:`portbench.policies.ALIASES`). Exit status 1 when an ``lssp`` table differs.
 
     python benchmarks/recompute_tables.py                 # all eight tables (~6 min on 2 idle cores)
     python benchmarks/recompute_tables.py --engines lssp  # the anchor only
@@ -34,7 +35,7 @@ import pandas as pd
 from portbench import results, store
 from portbench.campaign import CampaignConfig, run_campaign
 from portbench.commands import RQ7_PREDICTION_ERRORS
-from portbench.policies import EXTENDED_PANEL
+from portbench.policies import EXTENDED_PANEL, canonical
 from portbench.workload import PREDICTION_RELATIVE_ERROR
 
 KEYS = ["window_id", "region", "policy", "slo_multiplier"]
@@ -59,6 +60,7 @@ def compare(new: pd.DataFrame, old: pd.DataFrame, key_columns=KEYS) -> tuple[int
     the rows only the recomputed table has). A row only the recomputed table has is an addition (a
     policy added to the panel), not a change: the anchor is that every committed cell stays."""
     keys = [k for k in key_columns if k in old.columns]
+    old = old.assign(policy=old["policy"].map(canonical))     # a renamed policy under its new name
     merged = old.merge(new, on=keys, how="outer", suffixes=("_old", "_new"), indicator=True)
     lost = merged[merged["_merge"] == "left_only"]
     added = merged.loc[merged["_merge"] == "right_only", keys]
@@ -84,6 +86,7 @@ def moved_report(table: str, new: pd.DataFrame, old: pd.DataFrame, key_columns=K
     """Per (policy, region): cells compared, cells whose λ_ref moved, cells whose ANWG moved, and the
     mean and largest |ΔANWG| (new − old) — what a recompute changed, for the methods chapter."""
     keys = [k for k in key_columns if k in old.columns]
+    old = old.assign(policy=old["policy"].map(canonical))
     both = old.merge(new, on=keys, suffixes=("_old", "_new"))
     delta = both["anwg_new"] - both["anwg_old"]
     frame = pd.DataFrame({"table": table, "policy": both["policy"], "region": both["region"],

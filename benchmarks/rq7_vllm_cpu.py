@@ -1,4 +1,4 @@
-"""RQ7 on vLLM on this machine's CPU: ``sjf_aging`` and ``vllm_priority`` against vLLM's FCFS, guarded
+"""RQ7 on vLLM on this machine's CPU: ``sjf_aging`` and ``vllm_v1_priority`` against vLLM's FCFS, guarded
 against a noisy host (run with the vLLM environment, `.venv-vllm`, on a quiet machine):
 
     .venv-vllm/bin/python benchmarks/rq7_vllm_cpu.py            # plan, speed ratio, case
@@ -18,15 +18,15 @@ against a noisy host (run with the vLLM environment, `.venv-vllm`, on a quiet ma
 **The FCFS baseline is ``fifo``, not ``vllm_faithful``.** In the simulator, RQ7's new policies and
 ``fifo`` are all admission-order policies on one engine model (same token budget, chunked prefill,
 sequence cap, KV rule): comparing them isolates the order. On vLLM the same holds for ``fifo``:
-vLLM's FCFS with exactly the engine settings of ``sjf_aging`` and ``vllm_priority`` (2,048-token
+vLLM's FCFS with exactly the engine settings of ``sjf_aging`` and ``vllm_v1_priority`` (2,048-token
 budget, chunked prefill, 256 sequences, the model's full ``max_model_len``), so a difference between
 them is the scheduling order and nothing else. ``vllm_faithful`` would change three things at once
 (2,560-token budget, chunked prefill off, requests over 2,560 tokens refused); it stands for the
 study's vLLM v0.1.0 engine, the RQ6 case's baseline.
 
-The policies on vLLM (:data:`portbench.realengine.vllm_backend.POLICIES`): ``vllm_priority`` is
-vLLM's own ``priority`` scheduling with priority = SLO deadline (it has no waiting-triggered
-preemption there); ``sjf_aging`` runs through the key adapter,
+The policies on vLLM (:data:`portbench.realengine.vllm_backend.POLICIES`): ``vllm_v1_priority`` is
+vLLM's own ``priority`` scheduling with priority = SLO deadline (no waiting-triggered preemption;
+the simulator's ``edf`` on vLLM's rules; the committed runs recorded it as ``vllm_priority``); ``sjf_aging`` runs through the key adapter,
 :class:`~portbench.realengine.vllm_key_scheduler.KeyPolicyScheduler`, which puts vLLM's waiting
 queue in the simulator policy's own key order before every step (its gaps are in that module and in
 each run's ``scheduler_gaps``; the committed runs were taken with an earlier port of sjf_aging alone,
@@ -58,7 +58,7 @@ from portbench import results, store  # noqa: E402
 from portbench.realengine.study import (CASE_SOURCES, CaseConfig, case_deltas, reusable_lambda_refs,  # noqa: E402
                                       run_case)
 
-POLICIES = ("fifo", "sjf_aging", "vllm_priority")
+POLICIES = ("fifo", "sjf_aging", "vllm_v1_priority")
 BASELINE = "fifo"
 REGION = "HIGH_PRESSURE"
 #: Set-ups of the RQ6 case on this machine whose speed ratio is reused when this case has none (same SHAPE).

@@ -31,7 +31,7 @@ from . import results, store
 from .engine import engine_model, simulate
 from .metrics import METRICS, cell_metrics
 from .policies import STUDY_POLICIES, make_policy
-from .regions import REGIONS, find_lambda_ref
+from .regions import KNEES, REGIONS, find_lambda_ref
 from .results import campaign_cache_dir as cache_dir, campaign_path as results_path, results_dir  # noqa: F401
 from .workload import (BASE_SLO_MULTIPLIER, PREDICTION_RELATIVE_ERROR, Window, check_prediction_error,
                        scale, with_prediction_error, with_slo)
@@ -68,6 +68,10 @@ class CampaignConfig:
     ``tag``, which names its table, λ_ref table and cache folder (``campaign_<engine>_<tag>``), so
     that it never overwrites the default configuration's. λ_ref is calibrated under the changed
     model (each configuration at its own knee, as the study calibrates each engine).
+
+    ``knee``: which knee λ_ref is (:data:`portbench.regions.KNEES`): the study's, or the attainable
+    knee, where requests that no scheduler can meet at a load are left out of its miss count. A
+    campaign at the attainable knee is tagged ``attainable_knee`` unless it has a tag of its own.
     """
 
     engine_model: str = "lssp"
@@ -79,8 +83,13 @@ class CampaignConfig:
     prediction_error: float = PREDICTION_RELATIVE_ERROR
     engine_options: tuple = ()
     tag: str = ""
+    knee: str = "study"
 
     def __post_init__(self):
+        if self.knee not in KNEES:
+            raise ValueError(f"unknown knee {self.knee!r}; knees: {', '.join(KNEES)}")
+        if self.knee != "study" and not self.tag:
+            object.__setattr__(self, "tag", f"{self.knee}_knee")
         for p in self.policies:
             make_policy(p)
         object.__setattr__(self, "engine_options", tuple((str(k), v) for k, v in self.engine_options))
@@ -157,6 +166,8 @@ def shard_key(window: Window, config: CampaignConfig, slo_multiplier: float, fin
     }
     if config.prediction_error != PREDICTION_RELATIVE_ERROR:    # the study's keys stay as they were
         payload["prediction_error"] = config.prediction_error
+    if config.knee != "study":
+        payload["knee"] = config.knee
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
@@ -206,7 +217,7 @@ def run_window(window: Window, config: CampaignConfig, slo_multiplier: float, fi
 
 def calibrate(window: Window, config: CampaignConfig):
     """The window's λ_ref under the campaign's engine model and calibration policy."""
-    return find_lambda_ref(window, policy=config.calibration_policy, model=config.model())
+    return find_lambda_ref(window, policy=config.calibration_policy, model=config.model(), knee=config.knee)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -307,6 +318,8 @@ def campaign_stamp(config: CampaignConfig, window_sha256: dict, fingerprint: str
     if config.tag:
         stamp["tag"] = config.tag
         stamp["engine_options"] = [[k, v] for k, v in config.engine_options]
+    if config.knee != "study":
+        stamp["knee"] = config.knee
     return stamp
 
 

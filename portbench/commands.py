@@ -50,9 +50,9 @@ def _campaign(args) -> int:
         regions=tuple(args.regions or REGIONS),
         slo_multipliers=tuple(args.slo_multipliers or CampaignConfig.slo_multipliers),
         window_ids=tuple(window_ids) if window_ids else None,
-        prediction_error=err) for err in errors]           # every value is checked before any runs
+        prediction_error=err, knee=args.knee) for err in errors]   # every value is checked before any runs
     for config in configs:
-        path = results_path(config.engine_model, args.data_dir, config.prediction_error)
+        path = results_path(config.table_name, args.data_dir, config.prediction_error)
         if not args.force and not args.output and results_are_current(config, args.data_dir):
             print(f"{path} is up to date with this code, these windows and this configuration: "
                   f"nothing to do (--force recomputes)")
@@ -103,6 +103,17 @@ def _rq9_campaign(args) -> int:
 
 #: The prediction-error levels of RQ7's sweep besides the study's 0.2.
 RQ7_PREDICTION_ERRORS = (0.0, 0.5, 1.0)
+#: The engine models every headline is stated under: the study's rules and vLLM v1's.
+HEADLINE_ENGINES = ("lssp", "vllm_v1")
+
+
+def attainable_knee_config(engine: str):
+    """The book's campaign at the attainable knee: the study's 13 policies, the base SLO."""
+    from .campaign import CampaignConfig
+    from .policies import STUDY_POLICIES
+
+    return CampaignConfig(engine_model=engine, policies=STUDY_POLICIES, slo_multipliers=(20.0,),
+                          knee="attainable")
 
 
 def import_policy_modules(paths) -> list[str]:
@@ -196,14 +207,17 @@ def _book(args) -> int:
     engine = plan[next(iter(plan))]["engine_model"]
     if not args.skip_campaign:
         # the book's campaigns: the extended panel (the study's 13 and RQ7's 11) under the three SLOs,
-        # and RQ7's prediction-error sweep at the base SLO
+        # and RQ7's prediction-error sweep at the base SLO; the other engine model's base table (the
+        # chapters state each headline under both); the study's panel at the attainable knee, both models
         configs = [CampaignConfig(engine_model=engine, policies=EXTENDED_PANEL)] + [
             CampaignConfig(engine_model=engine, policies=EXTENDED_PANEL, slo_multipliers=(20.0,),
                            prediction_error=err) for err in RQ7_PREDICTION_ERRORS]
+        configs += [CampaignConfig(engine_model=e, policies=EXTENDED_PANEL) for e in HEADLINE_ENGINES if e != engine]
+        configs += [attainable_knee_config(e) for e in HEADLINE_ENGINES]
         for config in configs:
             if results_are_current(config, args.data_dir):
-                print(f"campaign results (prediction error {config.prediction_error:g}) are up to date: "
-                      "reusing them")
+                print(f"campaign results ({config.table_name}, prediction error {config.prediction_error:g}) "
+                      "are up to date: reusing them")
             else:
                 print("running the campaign (cached windows are reused) ...")
                 print(run_campaign(config, data_dir=args.data_dir, progress=not args.quiet).line())
@@ -314,6 +328,9 @@ def register(sub) -> None:
                         "(default 0.2, the study's; others go to campaign_<engine>_prederr<E>.parquet)")
     p.add_argument("--policy-module", nargs="+", metavar="FILE",
                    help="Python files defining policies with @register (your own scheduler)")
+    p.add_argument("--knee", choices=["study", "attainable"], default="study",
+                   help="λ_ref at the study's knee, or at the attainable knee (requests no scheduler can "
+                        "meet at a load left out of its miss count; table campaign_<engine>_attainable_knee)")
     p.add_argument("--regions", nargs="+", help="operating regions (default: all six)")
     p.add_argument("--slo-multipliers", nargs="+", type=float, help="SLO multipliers (default: 10 20 40; 20 is the study's base)")
     p.add_argument("--windows", nargs="+", help="window ids (default: the study's three sources' windows)")
@@ -353,7 +370,7 @@ def register(sub) -> None:
         "rq9-campaign", help="RQ9: the prefix-hashed source with vLLM's prefix cache off and on",
         description="Run the vllm_v1 engine model on the prefix-hashed source's windows "
                     "(mooncake_conversation) with its prefix cache off, and on at three KV capacities, "
-                    "with the study's 13 policies, vllm_priority and the cache-aware lpm, dfs_weight and "
+                    "with the study's 13 policies, vllm_v0_priority and the cache-aware lpm, dfs_weight and "
                     "cache_aware_sjf, in every region at the base SLO; each configuration calibrated at "
                     "its own knee. Writes data/results/campaign_vllm_v1_rq9_<configuration>.parquet and "
                     "its λ_ref table; finished windows are cached, so a rerun reuses them and a killed run "

@@ -103,12 +103,13 @@ def run_span_s(step_starts_s) -> float:
     return float(starts.max()) if starts.size else 0.0
 
 
-def slo_violation_rate(result) -> float:
+def slo_violation_rate(result, among=None) -> float:
     """Violated ÷ completed (violated: finished strictly after the deadline); 1.0 if none completed.
 
-    The calibration's rule: a run with no completion counts as all-violating.
+    The calibration's rule: a run with no completion counts as all-violating. ``among``: a boolean
+    mask of the requests counted (default: all).
     """
-    done = result.completed
+    done = result.completed if among is None else result.completed & among
     n = int(done.sum())
     if n == 0:
         return 1.0

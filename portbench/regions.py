@@ -3,11 +3,17 @@
 λ_ref is the compression factor at which FIFO's SLO-violation rate crosses 0.5%: bisection over
 log10 λ in [−2, 4], 30 steps. With 200 requests "< 0.5%" means zero violations, so λ_ref is where the
 first request misses its deadline. Regions are fixed multiples of λ_ref.
+
+Two knees (:data:`KNEES`): the study's counts every request; the *attainable* knee leaves out of the
+count, at each probed λ, the requests no scheduler can meet there: those whose compressed SLO slack
+is shorter than their own service time on an idle engine (:func:`solo_service_s`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+
+import numpy as np
 
 from .engine import LsspModel, RunResult, simulate, visible_steps
 from .metrics import slo_violation_rate
@@ -19,6 +25,8 @@ REGIONS = {"LOW": 0.5, "PRE_KNEE": 0.8, "KNEE": 1.0, "POST_KNEE": 1.1, "OVERLOAD
            "HIGH_PRESSURE": 1.5}
 
 VIOLATION_THRESHOLD = 0.005
+#: The knees λ_ref can be found at: ``study`` (every request counts) and ``attainable``.
+KNEES = ("study", "attainable")
 LOG10_BOUNDS = (-2.0, 4.0)
 BISECTION_STEPS = 30
 
@@ -65,10 +73,43 @@ def bisect_log10(ok, lo: float, hi: float, steps: int) -> tuple[float, str | Non
     return 10.0 ** ((lo + hi) / 2), None
 
 
+def solo_service_s(window: Window, model=None) -> np.ndarray:
+    """Each request's service time, from its admission to its last token, when served alone on an
+    idle engine (FIFO, the requests spread so far apart that no two overlap; no prefix cache is
+    shared). It does not depend on the compression."""
+    model = model or LsspModel()
+    n = len(window)
+    gap = 60.0
+    while True:
+        arrival = np.arange(n, dtype=np.float64) * gap
+        spaced = dataclasses.replace(window, arrival_s=arrival, deadline_s=arrival + 1e12, block_hashes=None,
+                                     meta={k: v for k, v in window.meta.items() if k != "block_tokens"})
+        run = simulate(spaced, make_policy("fifo"), model)
+        if run.completed.all() and np.all(run.finish_s[:-1] < arrival[1:]):
+            return run.finish_s - run.admit_s
+        if gap > 1e6:
+            raise RuntimeError(f"window {window.window_id}: a request does not finish alone on an idle "
+                               f"engine within {gap:g} s")
+        gap *= 10
+
+
+def attainable(scaled: Window, solo_s: np.ndarray, model=None) -> np.ndarray:
+    """The requests of ``scaled`` (a compressed window, or a run of one) that some scheduler could meet: the earliest
+    an idle engine can start one (its arrival, or on a fixed-step engine the first step start at or
+    after it) plus its solo service time (:func:`solo_service_s`) is within its deadline."""
+    model = model or LsspModel()
+    start = (visible_steps(scaled.arrival_s, model.step_s) * model.step_s if model.fixed_steps
+             else scaled.arrival_s)
+    return start + solo_s <= scaled.deadline_s
+
+
 def find_lambda_ref(window: Window, *, policy: str = "fifo", model=None,
                     threshold: float = VIOLATION_THRESHOLD, log10_bounds=LOG10_BOUNDS,
-                    steps: int = BISECTION_STEPS) -> Calibration:
+                    steps: int = BISECTION_STEPS, knee: str = "study") -> Calibration:
     """Bisection on log10 λ for the knee where the violation rate reaches ``threshold``.
+
+    ``knee="attainable"`` counts only the requests some scheduler could meet at each probed load
+    (:func:`attainable`), searching up from the study's knee (:func:`_upward_bracket`).
 
     FIFO on an engine with fixed steps sees the arrivals only through the step at which each becomes
     visible: two compressions that give every request the same step give the same run, step for
@@ -77,7 +118,14 @@ def find_lambda_ref(window: Window, *, policy: str = "fifo", model=None,
     them against its own deadlines (on 24 windows, 44% of the probes) — the same answer as
     simulating it again.
     """
+    if knee not in KNEES:
+        raise ValueError(f"unknown knee {knee!r}; knees: {', '.join(KNEES)}")
     model = model or LsspModel()
+    solo_s = solo_service_s(window, model) if knee == "attainable" else None
+
+    def rate(run):
+        return slo_violation_rate(run, None if solo_s is None else attainable(run, solo_s, model))
+
     reuse = policy == "fifo" and model.fixed_steps
     runs: dict[bytes, RunResult] = {}         # visible steps -> FIFO's run
     n_simulations = 0
@@ -87,7 +135,7 @@ def find_lambda_ref(window: Window, *, policy: str = "fifo", model=None,
         factor = 10.0 ** log_lambda
         if not reuse:
             n_simulations += 1
-            return violation_rate_at(window, factor, policy, model) < threshold
+            return rate(simulate(scale(window, factor), make_policy(policy), model)) < threshold
         scaled = scale(window, factor)
         key = visible_steps(scaled.arrival_s, model.step_s).tobytes()
         run = runs.get(key)
@@ -96,7 +144,25 @@ def find_lambda_ref(window: Window, *, policy: str = "fifo", model=None,
             n_simulations += 1
         else:
             run = dataclasses.replace(run, arrival_s=scaled.arrival_s, deadline_s=scaled.deadline_s)
-        return slo_violation_rate(run) < threshold
+        return rate(run) < threshold
 
-    lam, pinned = bisect_log10(ok, *map(float, log10_bounds), steps)
+    lo, hi = map(float, log10_bounds)
+    if knee == "attainable":
+        lo, hi = _upward_bracket(ok, find_lambda_ref(window, policy=policy, model=model, threshold=threshold,
+                                                     log10_bounds=log10_bounds, steps=steps), hi)
+    lam, pinned = bisect_log10(ok, lo, hi, steps)
     return Calibration(window.window_id, lam, pinned, n_simulations)
+
+
+def _upward_bracket(ok, study: Calibration, top: float) -> tuple[float, float]:
+    """The attainable knee's bracket: from the study's knee (which it cannot be below: leaving
+    requests out only removes misses) up by doublings of λ to the first load that is not ok, or to
+    ``top``. With every request left out at extreme loads, "ok" is not monotone far above the
+    knee, so the search walks up from below rather than probing the upper bound first."""
+    lo = float(np.log10(study.lambda_ref))
+    if study.pinned == "high":
+        return lo, top
+    step = float(np.log10(2.0))
+    while lo + step < top and ok(lo + step):
+        lo += step
+    return lo, min(lo + step, top)

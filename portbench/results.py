@@ -348,9 +348,19 @@ def _write(path: Path, value) -> None:
         store.atomic_write(path, lambda p: p.write_text(json.dumps(value, indent=1, default=str)))
 
 
+#: Policy names as real-engine cases recorded them, read under today's names: vLLM v1's priority
+#: scheduling was recorded as ``vllm_priority`` before that name was split into v0's rule
+#: (``vllm_v0_priority``, a simulated policy) and what vLLM v1 ships (``vllm_v1_priority``). The
+#: stored files stay as recorded.
+RECORDED_LABELS = {"vllm_priority": "vllm_v1_priority"}
+
+
 def _part(name: str, doc: str):
     def read(self):
-        return _read(self.path(name))
+        value = _read(self.path(name))
+        if isinstance(value, pd.DataFrame) and "policy" in value.columns:
+            value["policy"] = value["policy"].replace(RECORDED_LABELS)
+        return value
     read.__doc__ = doc
     return functools.cached_property(read)
 

@@ -3,7 +3,7 @@ off and on, and on at three KV capacities.
 
 Each is a campaign (:func:`portbench.campaign.run_campaign`: sharded, resumable, local processes or
 Dask) over the 40 ``mooncake_conversation`` windows, the six regions, at the base SLO, with the
-study's 13 policies, vLLM's ``priority`` scheduling (``vllm_priority``) and the three cache-aware
+study's 13 policies, vLLM v0's ``priority`` scheduling (``vllm_v0_priority``) and the three cache-aware
 key policies. Each configuration is calibrated at its own knee (the study's method: a region is a
 multiple of the configuration's own λ_ref), so its regions are loads *it* finds light or heavy; the
 λ_ref tables say how far the cache moves the knee. Tables: ``data/results/campaign_vllm_v1_<tag>``
@@ -23,8 +23,8 @@ SOURCE = store.PREFIX_HASHED_SOURCE
 ENGINE = "vllm_v1"
 #: SGLang's two cache-aware orders and shortest-job-first on uncached work.
 CACHE_AWARE = ("lpm", "dfs_weight", "cache_aware_sjf")
-#: The study's panel, vLLM's priority scheduling, the cache-aware policies.
-PANEL = tuple(STUDY_POLICIES) + ("vllm_priority",) + CACHE_AWARE
+#: The study's panel, vLLM v0's priority scheduling, the cache-aware policies.
+PANEL = tuple(STUDY_POLICIES) + ("vllm_v0_priority",) + CACHE_AWARE
 #: KV capacities (tokens) with the cache on; the first is the engine model's default (the one the
 #: cache-off campaign has). Every window's longest request (126,527 tokens) fits the smallest.
 CAPACITIES = (131072, 262144, 524288)

@@ -76,7 +76,7 @@ def test_partial_prefill_caps_let_short_prompts_overtake_hand_worked():
     np.testing.assert_allclose(r.finish_s, np.array([7, 9, 5, 6]) * MS)
 
 
-@pytest.mark.parametrize("policy", ["fifo", "edf", "vllm_priority", "slai_faithful",
+@pytest.mark.parametrize("policy", ["fifo", "edf", "vllm_v0_priority", "slai_faithful",
                                     "sarathi_faithful", "fastserve_mlfq"])
 def test_caps_that_never_bind_leave_runs_identical(policy):
     # A real window at high load under the campaign's engine: a threshold above every prompt and
@@ -101,7 +101,7 @@ def test_binding_caps_change_a_real_schedule():
     assert not np.array_equal(base.first_token_s, other.first_token_s, equal_nan=True)
 
 
-@pytest.mark.parametrize("name", ["fifo", "vllm_priority", "hrrn", "guaranteed_no_evict"])
+@pytest.mark.parametrize("name", ["fifo", "vllm_v0_priority", "hrrn", "guaranteed_no_evict"])
 def test_fast_path_equals_the_walk_with_caps_on(name):
     check_policy(type(make_policy(name)), engine_models=("vllm_v1_caps",), max_examples=25,
                  real_windows=1)
@@ -125,7 +125,7 @@ def test_chunked_prefill_off_refuses_a_prompt_above_the_budget():
         run(four_requests(), max_num_batched_tokens=256, enable_chunked_prefill=False)
 
 
-@pytest.mark.parametrize("name", ["fifo", "edf", "vllm_priority", "slai_faithful", "fastserve_mlfq"])
+@pytest.mark.parametrize("name", ["fifo", "edf", "vllm_v0_priority", "slai_faithful", "fastserve_mlfq"])
 def test_fast_path_equals_the_walk_with_chunked_prefill_off(name):
     check_policy(type(make_policy(name)), engine_models=("vllm_v1_whole",), max_examples=25,
                  real_windows=1)

@@ -28,7 +28,7 @@ def test_the_deadline_orders_the_two():
     w = two_requests()
     assert w.deadline_s[0] > w.deadline_s[1]
     assert scheduling_priorities(w, "edf").tolist() == [1, 0]          # the rank by deadline
-    assert scheduling_priorities(w, "vllm_priority").tolist() == np.rint(w.deadline_s * 1e6).tolist()
+    assert scheduling_priorities(w, "vllm_v0_priority").tolist() == np.rint(w.deadline_s * 1e6).tolist()
     assert scheduling_priorities(w, "fifo") is None            # FCFS
     assert scheduling_priorities(w, "sarathi_faithful") is None  # no vLLM form
     assert scheduling_priorities(w, "no_such_policy") is None
@@ -55,7 +55,7 @@ def test_the_victim_is_the_newest_under_fcfs_and_the_lowest_priority_under_prior
     assert r.n_preemptions == 1
 
 
-@pytest.mark.parametrize("policy", ["edf", "vllm_priority", "least_laxity_first"])
+@pytest.mark.parametrize("policy", ["edf", "vllm_v0_priority", "least_laxity_first"])
 def test_a_victim_requeued_under_priority_takes_its_arrival_place(policy):
     # Under priority scheduling the queue is vLLM's heap on (priority, arrival): a preempted request
     # goes back at its arrival's place, not at the front, so the waiting list stays in arrival order.

@@ -237,7 +237,7 @@ def test_the_study_policies_stay_short():
 
     folder = Path(__file__).resolve().parent.parent / "portbench" / "policies"
     keys = ["fifo", "edf", "estimated_service_time_first", "weighted_fair_share", "admission_control",
-            "least_laxity_first", "sjf_aging", "short_request_first", "vllm_priority"]
+            "least_laxity_first", "sjf_aging", "short_request_first", "vllm_v0_priority"]
     sizes = {k: code_lines(folder / f"{k}.py") for k in keys}
     assert max(sizes.values()) <= 40, sizes
     assert sorted(sizes.values())[len(sizes) // 2] <= 15, sizes
@@ -258,8 +258,8 @@ def test_the_readme_examples_keep_the_contract():
         exec(code.replace("from portbench.policies import register\n", ""), namespace)
         classes.update({k: v for k, v in namespace.items() if isinstance(v, type) and issubclass(v, Policy)
                         and v not in (Policy, KeyPolicy)})
-    assert {"Edf", "VllmPriority", "JustInTime"} <= set(classes)
-    for name in ("Edf", "VllmPriority"):
+    assert {"Edf", "VllmV0Priority", "JustInTime"} <= set(classes)
+    for name in ("Edf", "VllmV0Priority"):
         for window, model in real_cases("vllm_v1", 1) + real_cases("lssp", 1):
             same_run(sim.simulate(window, classes[name](), model),
                      sim.simulate(window, make_policy(classes[name].name), model))

@@ -58,13 +58,39 @@ def expect(name, w, model=ONE_SLOT, admit=None, finish=None, preemptions=None, *
 
 
 def test_rq7_panel_is_registered_after_the_study_panel():
-    assert RQ7_POLICIES == ("vllm_priority", "sjf_aging", "short_request_first", "fastserve_mlfq",
+    assert RQ7_POLICIES == ("vllm_v0_priority", "sjf_aging", "short_request_first", "fastserve_mlfq",
                             "las", "srpt_oracle", "hrrn", "lof", "shortest_prefill_first", "random",
                             "guaranteed_no_evict")
     assert EXTENDED_PANEL == STUDY_POLICIES + RQ7_POLICIES
     names = available()
     assert names[:len(STUDY_POLICIES)] == list(STUDY_POLICIES)
     assert set(RQ7_POLICIES) <= set(names)
+
+
+def test_vllm_priority_is_named_per_vllm_version():
+    """vLLM v0's waiting-eviction rule has a registered name that says v0; vLLM v1's priority
+    scheduling (priority = deadline, no waiting eviction) resolves to edf; the old name that covered
+    both resolves, for stored tables, to the v0 rule."""
+    from portbench.policies import ALIASES, canonical, make_policy
+
+    v0 = make_policy("vllm_v0_priority")
+    assert "v0" in v0.name and v0.evict
+    v1 = make_policy("vllm_v1_priority")
+    assert v1.name == "edf" and not getattr(v1, "evict", False)
+    assert canonical("vllm_priority") == "vllm_v0_priority" and canonical("fifo") == "fifo"
+    assert not set(ALIASES) & set(available()), "an alias must not shadow a registered name"
+    with pytest.raises(KeyError, match="unknown policy 'vllm_v2_priority'"):
+        make_policy("vllm_v2_priority")
+
+
+def test_vllm_v1_priority_decides_as_edf_and_not_as_the_v0_rule():
+    # One slot: R0 (deadline 10) runs from 0; R1 (deadline 1) arrives at 3 ms. The v0 rule evicts R0
+    # for it; vLLM v1's priority scheduling (edf) lets R1 wait for the slot.
+    w = explicit([0, 0.003], [5, 5], [10, 2], deadlines=[10.0, 1.0])
+    v1, edf = both_modes("vllm_v1_priority", w, ONE_SLOT), both_modes("edf", w, ONE_SLOT)
+    np.testing.assert_array_equal(v1.finish_s, edf.finish_s)
+    np.testing.assert_allclose(v1.finish_s, ms(10, 12))
+    assert v1.n_preemptions == 0 and both_modes("vllm_v0_priority", w, ONE_SLOT).n_preemptions == 1
 
 
 def test_only_the_oracle_reads_true_lengths():
@@ -85,41 +111,41 @@ def test_fast_engine_equals_the_step_by_step_loop_with_other_parameters(name, pa
     check_policy(type(make_policy(name)), params, max_examples=25, real_windows=0)
 
 
-# --- vllm_priority ----------------------------------------------------------------------------
+# --- vllm_v0_priority ----------------------------------------------------------------------------
 
 
-def test_vllm_priority_serves_earliest_deadline_first():
+def test_vllm_v0_priority_serves_earliest_deadline_first():
     # One slot, all at t=0, T=2: deadlines 0.5, 0.3, 0.1 -> R2 (0), R1 (2 ms), R0 (4 ms).
     w = explicit([0, 0, 0], [5, 5, 5], [2, 2, 2], deadlines=[0.5, 0.3, 0.1])
-    expect("vllm_priority", w, admit=(4, 2, 0))
+    expect("vllm_v0_priority", w, admit=(4, 2, 0))
 
 
-def test_vllm_priority_evicts_a_lower_priority_request_for_a_slot():
+def test_vllm_v0_priority_evicts_a_lower_priority_request_for_a_slot():
     # One slot. R0 (deadline 10, T=10) runs from 0. R1 (deadline 1, T=2) arrives at 3 ms: no slot,
     # R0 has the lower priority -> evicted (3 tokens lost), R1 admitted at 3, done at 5 ms.
     # R0 re-enters at 5 and needs all 10 steps again: done at 15 ms. (FIFO: R1 at 10, done 12.)
     w = explicit([0, 0.003], [5, 5], [10, 2], deadlines=[10.0, 1.0])
-    expect("vllm_priority", w, admit=(0, 3), finish=(15, 5), preemptions=1)
+    expect("vllm_v0_priority", w, admit=(0, 3), finish=(15, 5), preemptions=1)
     np.testing.assert_allclose(both_modes("fifo", w, ONE_SLOT).finish_s, ms(10, 12))
 
 
-def test_vllm_priority_evicts_for_kv_room_but_never_for_a_lower_priority():
+def test_vllm_v0_priority_evicts_for_kv_room_but_never_for_a_lower_priority():
     # max_kv 100. R0 (P=60, deadline 10, T=20) from 0. R1 (P=50, deadline 1, T=5) at 2 ms:
     # kv 62 + 50 > 100 -> R0 evicted (frees 62), R1 admitted at 2, done at 7 ms. At step 3
     # R0 (60) does not fit beside R1 (51) and cannot evict it (higher priority): R0 re-enters at
     # 7 and is done at 27 ms.
     kv100 = sim.LsspModel(max_kv_tokens=100)
     w = explicit([0, 0.002], [60, 50], [20, 5], deadlines=[10.0, 1.0])
-    expect("vllm_priority", w, kv100, finish=(27, 7), preemptions=1)
+    expect("vllm_v0_priority", w, kv100, finish=(27, 7), preemptions=1)
     # The other way round (R1 has the later deadline) nothing is evicted: R1 waits for R0.
     w = explicit([0, 0.002], [60, 50], [20, 5], deadlines=[1.0, 10.0])
-    expect("vllm_priority", w, kv100, finish=(20, 25), preemptions=0)
+    expect("vllm_v0_priority", w, kv100, finish=(20, 25), preemptions=0)
 
 
-def test_vllm_priority_evicts_nothing_when_eviction_would_not_make_room():
+def test_vllm_v0_priority_evicts_nothing_when_eviction_would_not_make_room():
     # max_kv 100. R1 (P=120) can never fit: R0 is not evicted for it.
     w = explicit([0, 0.002], [60, 120], [20, 5], deadlines=[10.0, 1.0])
-    r = both_modes("vllm_priority", w, sim.LsspModel(max_kv_tokens=100, drain_s=0.1))
+    r = both_modes("vllm_v0_priority", w, sim.LsspModel(max_kv_tokens=100, drain_s=0.1))
     assert r.n_preemptions == 0 and r.finish_s[0] == pytest.approx(0.020) and np.isnan(r.admit_s[1])
 
 

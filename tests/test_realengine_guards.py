@@ -444,7 +444,7 @@ def test_rq7_counterparts_run_vllms_default_settings_and_report_preemptions():
     """RQ7's vLLM case: FCFS, SJF with aging and priority on vLLM's defaults (2,048-token budget,
     chunked prefill, 256 sequences); the counterpart is that engine model running that policy."""
     w = scale(fake_window(5, "azure_llm_2024", n=30), 4.0)
-    for policy in ("fifo", "sjf_aging", "vllm_priority"):
+    for policy in ("fifo", "sjf_aging", "vllm_v1_priority"):
         result, refused = fidelity.simulate_counterpart(w, policy, StepCost())
         direct = sim.simulate(w, make_policy(policy), VllmV1Model(max_num_batched_tokens=2048,
                                                                   max_active_sequences=256,
@@ -452,14 +452,14 @@ def test_rq7_counterparts_run_vllms_default_settings_and_report_preemptions():
         np.testing.assert_array_equal(result.finish_s, direct.finish_s)
         assert not refused.any()
     rows = [{"source": w.source, "window_id": w.window_id, "policy": p, "repetition": 0,
-             "load_factor": 4.0, "anwg": 0.5} for p in ("fifo", "vllm_priority")]
+             "load_factor": 4.0, "anwg": 0.5} for p in ("fifo", "vllm_v1_priority")]
     reqs = pd.concat([pd.DataFrame({"window_id": w.window_id, "policy": p, "repetition": 0,
                                     "request_index": np.arange(len(w)), "arrival_s": w.arrival_s,
                                     "first_token_s": w.arrival_s + 0.1, "finish_s": w.arrival_s + 0.2})
-                      for p in ("fifo", "vllm_priority")])
+                      for p in ("fifo", "vllm_v1_priority")])
     unscaled = {w.window_id: fake_window(5, "azure_llm_2024", n=30)}
     _, per_run, _ = fidelity.sim_vs_real(pd.DataFrame(rows), reqs, unscaled, StepCost())
-    assert list(per_run["policy"]) == ["fifo", "vllm_priority"]
+    assert list(per_run["policy"]) == ["fifo", "vllm_v1_priority"]
     assert (per_run["preemptions_sim"] >= 0).all() and per_run["preemptions_sim"].dtype.kind == "i"
 
 

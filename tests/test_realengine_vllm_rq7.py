@@ -1,5 +1,5 @@
 """Key policies on vLLM (CPU build), tiny random Llama: RQ7's ``sjf_aging`` and ``hrrn`` through the
-key adapter, ``vllm_priority`` as vLLM's priority scheduling; skipped where vLLM is not installed.
+key adapter, ``vllm_v1_priority`` as vLLM v1's priority scheduling; skipped where vLLM is not installed.
 
 The ordering tests run the key adapter's own code on hand-made queues (no engine); the
 replays run in one spawned subprocess, as in ``tests/test_realengine_vllm.py``. Run with
@@ -91,13 +91,13 @@ def test_the_order_is_the_policys_key_and_ties_keep_the_engines_queue_order():
 def test_policy_specs():
     w = burst_window()
     # the deadline in microseconds and edf's rank: the same order
-    assert np.argsort(vb.priorities(w, "vllm_priority"), kind="stable").tolist() == \
+    assert np.argsort(vb.priorities(w, "vllm_v1_priority"), kind="stable").tolist() == \
         np.argsort(vb.priorities(w, "edf"), kind="stable").tolist()
     for name in ("sjf_aging", "lof", "hrrn"):
         spec = vb.policy_spec(name)
         assert spec.scheduling_policy == "fcfs"
         assert spec.scheduler_cls == f"{KeyPolicyScheduler.__module__}.{KeyPolicyScheduler.__qualname__}"
-    assert vb.policy_spec("vllm_priority").scheduling_policy == "priority"
+    assert vb.policy_spec("vllm_v1_priority").scheduling_policy == "priority"
     with pytest.raises(KeyError, match="not a key policy"):
         vb.policy_spec("fastserve_mlfq")
     with pytest.raises(ValueError, match="oracle"):
@@ -125,7 +125,7 @@ JOBS = {
     "sjf_burst": ("replay", (burst_window(), "sjf_aging"), {"max_num_seqs": SEQS}),
     "sjf_rand": ("replay", (random_window(), "sjf_aging"), {"max_num_seqs": SEQS}),
     "hrrn_burst": ("replay", (burst_window(), "hrrn"), {"max_num_seqs": SEQS}),
-    "prio_burst": ("replay", (burst_window(), "vllm_priority"), {"max_num_seqs": SEQS}),
+    "prio_burst": ("replay", (burst_window(), "vllm_v1_priority"), {"max_num_seqs": SEQS}),
     "fifo_burst": ("replay", (burst_window(), "fifo"), {"max_num_seqs": SEQS}),
 }
 

@@ -75,8 +75,8 @@ def test_without_vllm_the_model_names_the_command_that_sets_it_up():
 
 def test_policies_map_to_vllms_own_scheduling_policies():
     assert nat.native_form("fifo") == "fcfs"
-    assert nat.native_form("edf") == nat.native_form("vllm_priority") == "priority"
-    assert set(nat.native_policies()) >= {"fifo", "edf", "vllm_priority"}
+    assert nat.native_form("edf") == nat.native_form("vllm_v0_priority") == "priority"
+    assert set(nat.native_policies()) >= {"fifo", "edf", "vllm_v0_priority"}
     with pytest.raises(ValueError, match="enable_chunked_prefill=False"):
         nat.native_form("vllm_faithful")
     with pytest.raises(ValueError, match="no vLLM form"):
@@ -237,20 +237,20 @@ def test_a_priority_victim_already_scheduled_gives_back_its_tokens_as_in_vllm(vl
 
 def test_vllm_v1_has_no_eviction_by_a_waiting_request(vllm):
     # Request 0 holds all 4 blocks; request 1 (earlier deadline) arrives: the simulator's
-    # vllm_priority evicts request 0 for it (vLLM v0's rule), vLLM v1's scheduler lets it wait.
+    # vllm_v0_priority evicts request 0 for it (vLLM v0's rule), vLLM v1's scheduler lets it wait.
     w = tiny([0, 0.001], [60, 16], [3, 2])
-    cls, _ = first_difference(w, "vllm_priority", {"max_kv_tokens": 64, "max_num_batched_tokens": 64,
+    cls, _ = first_difference(w, "vllm_v0_priority", {"max_kv_tokens": 64, "max_num_batched_tokens": 64,
                                                    "max_active_sequences": 8}, {"reserve_full_isl": False})
     assert cls == "waiting_eviction"
 
 
 def test_a_request_no_eviction_can_fit_is_passed_over_by_the_model_and_stops_vllm(vllm):
     # 4 KV blocks. Request 0 (late deadline) runs on 2; request 1 (earliest deadline) needs 5 blocks,
-    # more than the whole cache; request 2 needs 1. The simulator's vllm_priority passes over request
+    # more than the whole cache; request 2 needs 1. The simulator's vllm_v0_priority passes over request
     # 1 (evicting request 0 would not make it fit) and admits request 2; vLLM stops at its queue head.
     w = make_window("t", "test", [0.0, 0.5e-3, 0.6e-3], [32, 80, 16], [20, 1, 2], [1000, 1, 5])
     assert w.deadline_s[1] < w.deadline_s[2] < w.deadline_s[0]
-    cls, detail = first_difference(w, "vllm_priority", {"max_kv_tokens": 64, "max_num_batched_tokens": 64,
+    cls, detail = first_difference(w, "vllm_v0_priority", {"max_kv_tokens": 64, "max_num_batched_tokens": 64,
                                                         "max_active_sequences": 8})
     assert cls == "waiting_eviction" and "passed over request 1" in detail, detail
 
@@ -522,3 +522,105 @@ def test_slai_port_does_not_hold_decodes_for_a_request_vllm_will_not_admit(vllm)
     refused = [s for s in engine.step_log if 3 in s.waiting and 3 not in s.admitted and s.running]
     assert refused, "request 3 was never refused: the window does not test the gate"
     assert all(set(s.running) <= set(s.scheduled) for s in refused)
+
+
+# --- SLAI's port plans each step with the simulator's own policy (issue 54, item 3) ---------------
+
+def slai_for(shared):
+    """slai_faithful with the engine's budget and sequence cap, as the native check runs it."""
+    return make_policy("slai_faithful", token_budget=shared.get("max_num_batched_tokens", 2048),
+                       max_num_seqs=shared.get("max_active_sequences", 64))
+
+
+def test_slai_plan_admits_in_slai_faithfuls_order_requests_it_meets_as_they_arrive():
+    # The plan keys each request on (prompt, id) as it arrives; the policy ranks a whole window at
+    # reset (shortest prompt first, then id). With room for all, the first step proposes every
+    # waiting request in that order. (No vLLM needed.)
+    import dataclasses
+
+    from portbench.policies.slai_faithful import SLAI
+    from portbench.realengine.slai_plan import SlaiPlan, plan_model
+
+    rng = np.random.default_rng(2)
+    prompts = rng.integers(1, 40, 300).tolist()         # many ties: the id breaks them
+    model = plan_model(max_kv_tokens=1 << 20, max_active_sequences=512, max_num_batched_tokens=1 << 14,
+                       enable_chunked_prefill=True, block_size=16)
+    waiting = []
+    plan = SlaiPlan(model, dataclasses.replace(SLAI, token_budget=1 << 14), lambda: list(waiting),
+                    lambda ids: [0] * len(ids), max_num_seqs=512)
+    for p in prompts:
+        waiting.append(plan.arrive(p, 0.0))
+    d = plan.decide(0.0, [], 0)
+    assert list(d.admit) == np.lexsort((np.arange(len(prompts)), prompts)).tolist()
+    assert not d.hold
+
+
+@pytest.mark.parametrize("config, window_id, region", [
+    ("campaign", "burstgpt_stage0_w00", "HIGH_PRESSURE"),
+    ("long_prefill", "burstgpt_stage0_w03", "HIGH_PRESSURE"),
+    ("slai", "burstgpt_stage0_w00", "HIGH_PRESSURE"),
+    ("campaign", "azure_llm_2024_pilot_v2_w20", "LOW"),        # preempts
+])
+def test_slai_port_plans_the_steps_slai_faithful_plans_on_vllm_v1(vllm, config, window_id, region):
+    # Runs where the port's own estimate (vLLM's free blocks and computed tokens) parted from the
+    # policy's shadow block count and shadow prefill (class slai_step_plan); the port now asks the
+    # policy itself, on vLLM's state, and the two engines run step for step alike.
+    from portbench.engine.vllm_v1 import VllmV1Model
+
+    shared = {"campaign": {}, "long_prefill": {"long_prefill_token_threshold": 256},
+              "slai": {"max_num_batched_tokens": 512, "max_active_sequences": 128}}[config]
+    w = store.load_windows(window_ids=[window_id])[0]
+    s = scale(w, lambda_ref(window_id) * REGIONS[region])
+    native = nat.VllmNativeModel(**shared)
+    _, ms = nat.record_model_steps(s, slai_for(shared), VllmV1Model(**shared))
+    _, ns = nat.record_native_steps(s, slai_for(shared), native)
+    k = nat.first_differing_step(ms, ns)
+    assert k is None, nat.classify_step(k, ms, ns, s, "slai_faithful", native)
+
+
+def test_slai_port_agrees_with_vllm_v1_where_kv_runs_short(vllm):
+    # Small random windows on a tight KV cache, a short budget and sometimes a long-prefill cap:
+    # holds, refused admissions and vLLM's preemptions (a held decode can be the victim) all occur,
+    # and every run has the same admission, first-token and finish times on both engines.
+    from portbench.engine.vllm_v1 import VllmV1Model
+
+    rng = np.random.default_rng(5)
+    configs = [dict(max_kv_tokens=512, max_num_batched_tokens=128, max_active_sequences=8),
+               dict(max_kv_tokens=768, max_num_batched_tokens=64, max_active_sequences=8,
+                    long_prefill_token_threshold=48)]
+    preempted = held = 0
+    for k in range(12):
+        shared = configs[k % 2]
+        arrival = np.sort(rng.uniform(0.0, 0.3, 14))
+        out = rng.integers(1, 80, 14)
+        w = make_window(f"r{k}", "test", arrival, rng.integers(8, 400, 14), out, out)
+        tbt = 0.05 if k % 3 else 0.5                     # a short TBT makes decodes critical
+        policy = lambda: make_policy("slai_faithful", token_budget=shared["max_num_batched_tokens"],  # noqa: E731
+                                     max_num_seqs=8, tbt_s=tbt)
+        a = simulate(w, policy(), VllmV1Model(**shared))
+        b, steps = nat.record_native_steps(w, policy(), nat.VllmNativeModel(**shared, max_model_len=1024))
+        assert same_stamps(a, b), (k, shared)
+        assert a.n_preemptions == b.n_preemptions
+        preempted += b.n_preemptions
+        held += sum(len(set(s.running) - set(s.scheduled) - set(s.preempted)) for s in steps)
+    assert preempted > 0 and held > 0
+
+
+def test_slai_port_leaves_vllms_running_order_and_queue_as_they_were(vllm):
+    # The plan's holds and admissions go through vLLM's own lists for one call only: after each
+    # step the running list is in admission order and every waiting request is in vLLM's queue.
+    w = make_window("t", "test", [0.0, 0.0, 0.0, 0.001, 0.002], [16, 16, 16, 900, 40], [30, 30, 30, 3, 3],
+                    [30, 30, 30, 3, 3])
+    model = nat.VllmNativeModel(max_num_batched_tokens=256, max_active_sequences=8)
+    engine = model.make_engine(w, slai_for({"max_num_batched_tokens": 256, "max_active_sequences": 8}))
+    engine.record_steps()
+    engine.run()
+    log = engine.step_log
+    assert any(set(s.running) - set(s.scheduled) for s in log), "no step held a decode"
+    first_admitted = {}
+    for s in log:
+        for i in s.admitted:
+            first_admitted.setdefault(i, len(first_admitted))
+        assert s.running == sorted(s.running, key=first_admitted.get)   # no preemption here
+        assert not set(s.running) & set(s.waiting)
+    assert np.isfinite(engine.result(w).finish_s).all()

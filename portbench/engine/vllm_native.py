@@ -21,7 +21,7 @@ CPU build, in ``.venv-vllm``) without a model or a forward pass:
   :class:`~portbench.engine.api.RunResult`. It is deterministic and runs in the calling thread.
 
 Policies: as on the real engine (:func:`portbench.realengine.vllm_settings.policy_spec`). ``fifo``
-is vLLM's ``fcfs``; ``edf``, ``vllm_priority``, ``estimated_service_time_first`` and
+is vLLM's ``fcfs``; ``edf``, ``vllm_v0_priority``, ``estimated_service_time_first`` and
 ``least_laxity_first`` are vLLM's ``priority`` scheduling with the same integer priorities as the
 real replay (:func:`~portbench.realengine.vllm_settings.priorities`); every other key policy, a
 user's own included, runs through the key adapter

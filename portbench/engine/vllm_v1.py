@@ -12,7 +12,7 @@ vLLM v1's scheduler does (see ``VLLM_V1_SEMANTICS`` in the project's spec):
 - a **block-granular KV cache** (16-token blocks); a running request that cannot get a block for its
   new tokens **preempts the most recently admitted** running request (recompute: its KV is dropped,
   its emitted tokens stay emitted, prompt + emitted tokens are prefilled again on resumption) — or,
-  for a policy that vLLM runs on its ``priority`` scheduling (``edf``, ``vllm_priority``, ...), the
+  for a policy that vLLM runs on its ``priority`` scheduling (``edf``, ``vllm_v0_priority``, ...), the
   running request of **largest (priority, arrival)**, given back its tokens if already scheduled in
   the step; a request that preempts itself is skipped, and so is every later running request;
 - the **first token** comes at the end of the step that completes the prompt; a request leaves at the
@@ -137,7 +137,7 @@ class VllmV1Model:
     vLLM form) preempts the last running request, and the victim waits again at the queue's head. A
     policy that runs on vLLM's ``priority`` scheduling
     (:func:`~portbench.realengine.vllm_settings.scheduling_priorities`: ``edf``,
-    ``estimated_service_time_first``, ``least_laxity_first``, ``slai_faithful``, ``vllm_priority``,
+    ``estimated_service_time_first``, ``least_laxity_first``, ``slai_faithful``, ``vllm_v0_priority``,
     a key policy with ``evict = True``) preempts the running request of largest (priority, arrival),
     with its vLLM priority, even one already scheduled in the step (its tokens go back to the
     budget); the victim waits again at its arrival's place in the queue (vLLM's waiting heap is on

@@ -29,17 +29,17 @@ from ..engine.stepcost import ScaledStepCost, ShapedStepCost, cross_validated_co
 #: ``oversize="reject"`` rule of the study's policy (prompt > budget), which serves requests whose
 #: prompt fits but whose output would run past max_model_len. ``None``: the run's own
 #: ``max_model_len`` column decides (no refusal without one). RQ7's vLLM case (``fifo``,
-#: ``sjf_aging``, ``vllm_priority``) runs vLLM's defaults: a 2,048-token budget, chunked prefill,
-#: 256 sequences (:data:`portbench.realengine.vllm_backend.POLICIES`). The simulator's
-#: ``vllm_priority`` also evicts lower priorities for a waiting request that does not fit (vLLM v0's
-#: rule, which v1 dropped); :func:`sim_vs_real` reports each counterpart's preemptions
-#: (``preemptions_sim``), so a reader sees whether that difference was ever exercised.
+#: ``sjf_aging``, ``vllm_v1_priority``) runs vLLM's defaults: a 2,048-token budget, chunked prefill,
+#: 256 sequences (:data:`portbench.realengine.vllm_backend.POLICIES`). ``vllm_v1_priority`` is vLLM v1's
+#: priority scheduling on the deadline, simulated as ``edf`` (its alias), not as ``vllm_v0_priority``
+#: (v0's waiting eviction, which v1 dropped); :func:`sim_vs_real` reports each counterpart's
+#: preemptions (``preemptions_sim``).
 REAL_COUNTERPARTS = {
     "vllm_faithful": {"budget": 2560, "seqs": 256, "params": {"oversize": "reject"}, "max_model_len": 2560},
     "slai_faithful": {"budget": 512, "seqs": 128, "params": {}, "max_model_len": None},
     "fifo": {"budget": 2048, "seqs": 256, "params": {}, "max_model_len": None},
     "sjf_aging": {"budget": 2048, "seqs": 256, "params": {}, "max_model_len": None},
-    "vllm_priority": {"budget": 2048, "seqs": 256, "params": {}, "max_model_len": None},
+    "vllm_v1_priority": {"budget": 2048, "seqs": 256, "params": {}, "max_model_len": None},
 }
 
 

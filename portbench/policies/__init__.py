@@ -22,10 +22,16 @@ PRIMARY_PANEL = (
 ROBUSTNESS_PANEL = ("vllm_style_token_budget", "scorpio_style_slo_guard")
 STUDY_POLICIES = PRIMARY_PANEL + ROBUSTNESS_PANEL
 #: RQ7: today's engine schedulers (not in the study); ``srpt_oracle`` is a clairvoyant bound.
-RQ7_POLICIES = ("vllm_priority", "sjf_aging", "short_request_first", "fastserve_mlfq", "las",
+RQ7_POLICIES = ("vllm_v0_priority", "sjf_aging", "short_request_first", "fastserve_mlfq", "las",
                 "srpt_oracle", "hrrn", "lof", "shortest_prefill_first", "random",
                 "guaranteed_no_evict")
 EXTENDED_PANEL = STUDY_POLICIES + RQ7_POLICIES
+
+#: Other names that resolve to a registered policy (:func:`canonical`). ``vllm_v1_priority``: vLLM v1's
+#: ``--scheduling-policy priority`` with priority = deadline, which is ``edf``'s order on vLLM's rules
+#: (the ``vllm_v1`` engine model; vLLM's own scheduler agrees run for run). ``vllm_priority``: the name
+#: that tables made before the v0/v1 split give ``vllm_v0_priority``.
+ALIASES = {"vllm_v1_priority": "edf", "vllm_priority": "vllm_v0_priority"}
 
 
 def register(cls: type[Policy]) -> type[Policy]:
@@ -51,8 +57,14 @@ def available() -> list[str]:
     return [p for p in STUDY_POLICIES if p in _REGISTRY] + rest
 
 
+def canonical(name: str) -> str:
+    """The registered name behind ``name`` (itself unless it is one of :data:`ALIASES`)."""
+    return ALIASES.get(name, name)
+
+
 def make_policy(name: str, **params) -> Policy:
-    """A fresh instance of the policy registered as ``name``."""
+    """A fresh instance of the policy registered as ``name`` (or named by one of :data:`ALIASES`)."""
+    name = canonical(name)
     if name not in _REGISTRY:           # its module may not be imported yet
         _load_all()
     try:

@@ -1,4 +1,9 @@
-"""``vllm_priority``: vLLM's ``priority`` scheduling policy, with the SLO deadline as the priority.
+"""``vllm_v0_priority``: vLLM v0's ``priority`` scheduling, with the SLO deadline as the priority.
+
+This is not what vLLM v1 ships. vLLM v1's ``--scheduling-policy priority`` with priority = deadline is
+``edf`` under the ``vllm_v1`` engine model (registered alias ``vllm_v1_priority``); this policy adds
+v0's waiting-triggered eviction on top of that order. Stored tables made before the rename call it
+``vllm_priority`` (an alias that resolves here).
 
 Design followed (vllm-project/vllm): the v1 scheduler (``vllm/v1/core/sched/scheduler.py``) keeps
 the waiting queue as a heap ordered by ``(priority, arrival_time)`` (lower value first) and, when it
@@ -30,10 +35,11 @@ from . import register
 
 
 @register
-class VllmPriority(KeyPolicy):
-    """vLLM ``priority`` policy with ``priority = deadline``; evicts strictly lower priorities."""
+class VllmV0Priority(KeyPolicy):
+    """vLLM v0's ``priority`` policy with ``priority = deadline``; a waiting request evicts strictly
+    lower priorities."""
 
-    name = "vllm_priority"
+    name = "vllm_v0_priority"
     evict = True
 
     def key(self, view, ids):

@@ -33,12 +33,13 @@ lower = earlier, static per request, ties by arrival then id):
                            prefill, 128 seqs; priority = the prompt's length (the port sets it
                            itself; an engine model reads it to preempt as vLLM does, the longest
                            prompt first)
-``vllm_priority``          vLLM's own priority scheduling, priority = deadline (µs, as its real
-                           runs had it; the same order as ``edf``'s rank but for deadlines within
-                           a microsecond), ``edf``'s engine settings. The simulator's ``vllm_priority`` also lets
-                           a waiting request evict lower priorities (vLLM v0's rule); vLLM v1 has
-                           no such preemption, so here it only evicts on KV exhaustion, the lowest
-                           priority first
+``vllm_v1_priority``       vLLM v1's own priority scheduling, priority = deadline (µs; the same
+                           order as ``edf``'s rank but for deadlines within a microsecond), ``edf``'s
+                           engine settings: the simulator's ``edf`` (an alias of it by this name)
+``vllm_v0_priority``       the same priorities; the simulator's policy also lets a waiting request
+                           evict lower priorities (vLLM v0's rule), which vLLM v1 does not have: an
+                           engine model reads the priorities only to choose growth-preemption
+                           victims as vLLM v1 does, the lowest priority first
 any other key policy       :class:`~portbench.realengine.vllm_key_scheduler.KeyPolicyScheduler`
 (``sjf_aging``, ``hrrn``,  (``scheduler_cls``): vLLM's FCFS queue put in the policy's own key order
 a user's own ...)          before every step (:func:`policy_spec` builds its spec); one with
@@ -132,10 +133,13 @@ POLICIES: dict[str, PolicySpec] = {
                                 priority="prompt",
                                 description="SLAI scheduler subclass: critical decodes first, "
                                             "shortest-prompt-first admission, decode holds"),
-    "vllm_priority": PolicySpec("priority", priority="deadline",
-                                description="vLLM v1 priority scheduling, priority = SLO deadline "
-                                            "in microseconds (edf's order); no waiting-triggered "
-                                            "preemption (vLLM v1 has none)"),
+    "vllm_v1_priority": PolicySpec("priority", priority="deadline",
+                                   description="vLLM v1 priority scheduling, priority = SLO deadline "
+                                               "in microseconds (edf's order)"),
+    "vllm_v0_priority": PolicySpec("priority", priority="deadline",
+                                   description="vLLM v1 priority scheduling on the deadline; the "
+                                               "simulated policy's waiting-triggered eviction (vLLM "
+                                               "v0's) has no vLLM v1 form"),
 }
 
 
