@@ -11,6 +11,18 @@
 # %% [markdown]
 # # Add your own scheduler
 #
+# :::{admonition} Finding
+# :class: tip pb-finding
+# The chapter's policy ranks between {glue:text}`custom_best_rank:d` and
+# {glue:text}`custom_worst_rank:d` of the {glue:text}`custom_n_panel:d` policies across sources and
+# regions ({glue:text}`custom_engine`); with it in the panel, the lowest cross-source τ_b at
+# {glue:text}`custom_region` is {glue:text}`custom_tau_min`. The same class runs on vLLM's own
+# scheduler with the same ANWG as `vllm_v1` in {glue:text}`custom_engines_identical` of
+# {glue:text}`custom_engines_n_cells` cells. Change the file, rerun this page (`portbench book
+# --skip-campaign --notebooks add_your_scheduler -p policy_module=my_policy.py`), and read the same
+# tables for your own scheduler.
+# :::
+#
 # **Question.** Does *your* scheduler's ranking port across sources and regions, and across engines?
 # **Method.** A new policy written in a few lines (a key policy, in a file of its own), checked
 # against the engine's contract with `portbench.testing.check_policy`, run through the study's
@@ -355,8 +367,8 @@ else:
 # windows.
 
 # %% [markdown]
-# :::{admonition} Finding
-# :class: tip pb-finding
+# ## In detail
+#
 # The chapter's policy ranks between {glue:text}`custom_best_rank:d` and
 # {glue:text}`custom_worst_rank:d` of the {glue:text}`custom_n_panel:d` policies across sources and
 # regions ({glue:text}`custom_engine`); with it in the panel, the lowest cross-source $\tau_b$ at
@@ -368,4 +380,3 @@ else:
 # Change the file, rerun this page (`portbench book --skip-campaign --notebooks add_your_scheduler
 # -p policy_module=my_policy.py -p region=OVERLOAD`), and read the same tables for your own
 # scheduler.
-# :::

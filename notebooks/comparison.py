@@ -11,6 +11,18 @@
 # %% [markdown]
 # # The original study's numbers beside ours
 #
+# :::{admonition} Finding
+# :class: tip pb-finding
+# The reproduction is exact where the rules are the same: of the {glue:text}`cmp_n_cells:d`
+# published cells, {glue:text}`cmp_n_computed:d` have a counterpart here; {glue:text}`cmp_n_exact_match:d`
+# match exactly and {glue:text}`cmp_n_within_rounding:d` within rounding. Those that differ are
+# bootstrap intervals and p-values ({glue:text}`cmp_differs_bootstrap:d`) and subsampling probabilities
+# ({glue:text}`cmp_differs_subsample:d`) drawn from another random stream, ties the study's float means
+# break ({glue:text}`cmp_differs_float_ties:d`) and its rule for a zero loser
+# ({glue:text}`cmp_differs_zero_ties:d`); {glue:text}`cmp_n_unexplained:d` are unexplained. No published
+# point estimate computed by the same rule differs from ours.
+# :::
+#
 # **Question.** Does portbench reproduce the original study's published numbers, cell by cell, and
 # where it does not, why? **Method.** The original study (Vahidi 2026, LSSP v1.0.0) publishes the data
 # behind its tables as four JSON files, shipped unchanged in `data/reference/lssp_table_data/`; this
@@ -95,7 +107,7 @@ def show(file):
 # | cross-metric top-1 agreement | 31.9% | {glue:text}`rq3_cross_metric.ipynb::rq3_top1_agreement:.1%` |
 # | SLO sensitivity: median τ_b | 0.872 | {glue:text}`rq4_regions_slo.ipynb::rq4_slo_median_tau:.3f` |
 # | SLO sensitivity: top-1 changes | 13 of 30 | {glue:text}`rq4_regions_slo.ipynb::rq4_slo_top1_changes:d` of {glue:text}`rq4_regions_slo.ipynb::rq4_slo_conditions:d` |
-# | RQ6, SLAI − vLLM ANWG at HIGH_PRESSURE, Azure / BurstGPT / Bailian, real engine | {glue:text}`rq6_real_engine.ipynb::rq6_original_azure_llm_2024:s` / {glue:text}`rq6_real_engine.ipynb::rq6_original_burstgpt:s` / {glue:text}`rq6_real_engine.ipynb::rq6_original_bailian_qwen:s` (vLLM 0.27.1, Qwen2.5-0.5B, A100, 40 windows per source) | {glue:text}`rq6_real_engine.ipynb::rq6_real_azure_llm_2024:s` / {glue:text}`rq6_real_engine.ipynb::rq6_real_burstgpt:s` / {glue:text}`rq6_real_engine.ipynb::rq6_real_bailian_qwen:s` ({glue:text}`rq6_real_engine.ipynb::rq6_first_real:s`: vLLM's CPU build, tiny random-weight model; classifier: {glue:text}`rq6_real_engine.ipynb::rq6_real_case_class:s`; refusals and per-policy ANWG in RQ6) |
+# | RQ6, SLAI − vLLM ANWG at HIGH_PRESSURE, Azure / BurstGPT / Bailian, real engine | {glue:text}`rq6_real_engine.ipynb::rq6_original_azure_llm_2024:s` / {glue:text}`rq6_real_engine.ipynb::rq6_original_burstgpt:s` / {glue:text}`rq6_real_engine.ipynb::rq6_original_bailian_qwen:s` (vLLM 0.27.1, Qwen2.5-0.5B, A100, 40 windows per source) | {glue:text}`rq6_real_engine.ipynb::rq6_study_real_delta_azure_llm_2024:s` / {glue:text}`rq6_real_engine.ipynb::rq6_study_real_delta_burstgpt:s` / {glue:text}`rq6_real_engine.ipynb::rq6_study_real_delta_bailian_qwen:s` (vLLM's CPU build in the study's configuration, tiny random-weight model; intervals and verdict in RQ6) |
 # | the same, simulator ({glue:text}`cmp_engine`) | reversal (SLAI ahead on Azure, behind on BurstGPT) | {glue:text}`rq6_real_engine.ipynb::rq6_sim_azure_llm_2024:s` / {glue:text}`rq6_real_engine.ipynb::rq6_sim_burstgpt:s` / {glue:text}`rq6_real_engine.ipynb::rq6_sim_bailian_qwen:s` |
 # | compute for the campaign | ~33 CPU-core-hours for 18,720 cells (two repetitions) | see `benchmarks/bench_campaign.py` and the README (minutes on two cores) |
 #
@@ -409,7 +421,7 @@ present.figure("comparison_match", fig, output_dir, "comparison_match.png")
 # {glue:text}`rq6_real_engine.ipynb::rq6_original_burstgpt:s` and
 # {glue:text}`rq6_real_engine.ipynb::rq6_original_bailian_qwen:s` on Azure, BurstGPT and Bailian), so
 # there the simulated reversal did not reproduce. Ours, in short ({doc}`rq6_real_engine`):
-# {glue:text}`rq6_real_engine.ipynb::rq6_short_finding:s` The study's run scripts (in its repository's
+# {glue:text}`rq6_real_engine.ipynb::rq6_verdict:s` The study's run scripts (in its repository's
 # `scripts/real_vllm/`) gave both policies `--max-model-len 32768` with chunked prefill off, so of our
 # real-engine runs only the study-configuration one compares like for like with the A100 figures, and
 # even it differs in hardware and model. In the simulator, the {doc}`fidelity` chapter's ablation finds
@@ -432,8 +444,8 @@ present.figure("comparison_match", fig, output_dir, "comparison_match.png")
 # ties between float means).
 
 # %% [markdown]
-# :::{admonition} Finding
-# :class: tip pb-finding
+# ## In detail
+#
 # Of the {glue:text}`cmp_n_cells:d` published cells, {glue:text}`cmp_n_computed:d` have a portbench
 # counterpart; {glue:text}`cmp_n_exact_match:d` of them match exactly, {glue:text}`cmp_n_within_rounding:d`
 # within rounding (differences around 10⁻¹⁶), and {glue:text}`cmp_n_differs:d` differ. Of those,
@@ -446,4 +458,3 @@ present.figure("comparison_match", fig, output_dir, "comparison_match.png")
 # cells are not computed: Spearman intervals, top-3 recovery, the concentrated-vs-spread comparison and
 # the policy-family robustness. No published point estimate that portbench computes by the same rule
 # differs from ours.
-# :::

@@ -11,6 +11,17 @@
 # %% [markdown]
 # # RQ3 — Does the ranking survive a change of metric?
 #
+# :::{admonition} Finding
+# :class: tip pb-finding
+# {glue:text}`rq3_verdict` With ties as ties and duplicate policies counted once, two metrics
+# crown a common best policy in {glue:text}`rq3_top1_agreement_ties_lssp` of comparisons under the study's
+# rules (`lssp`) and {glue:text}`rq3_top1_agreement_ties_vllm_v1` under vLLM's (`vllm_v1`). The study's
+# counting, which breaks a tie for the top by policy name, gives {glue:text}`rq3_top1_agreement_study_lssp`
+# and {glue:text}`rq3_top1_agreement_study_vllm_v1`: {glue:text}`rq3_n_tied_lssp` of its
+# {glue:text}`rq3_n_comparisons_lssp` comparisons have a tied top-1. The whole rankings of two metrics
+# agree at a median τ_b of {glue:text}`rq3_median_tau_text` (engine model {glue:text}`rq3_engine`).
+# :::
+#
 # **Question.** Would a paper that reports mean latency crown the same scheduler as one that reports
 # goodput or SLO violations? **Method.** Within each (source, region) condition the policies of the
 # panel are ranked under each metric (lower-is-better metrics negated first), and every two metrics'
@@ -167,8 +178,49 @@ glue("rq3_max_distinct_winners_where",
 present.table(wins.rename(index=present.label))
 
 # %% [markdown]
-# :::{admonition} Finding
-# :class: tip pb-finding
+# ## The headline three ways: the study's counting, ties as ties, both engine models
+#
+# Top-1 agreement between two metrics on the committed tables of both engine models: the study's
+# (one top-1 per metric, ties to the alphabetically first id) and the robust one (the top-1 *set* holds
+# every policy tied with the best; two metrics agree when their sets share a policy; duplicate policies
+# once; the rule of {doc}`rq8_open_questions`).
+
+# %%
+from portbench.chapters import headlines
+
+tables = {e: table if e == engine_model else headlines.headline_table(e) for e in headlines.HEADLINE_ENGINES}
+three = headlines.by_engine(headlines.rq3, tables, policies, sources, regions)
+pct1 = lambda v: present.pct(v, 1)
+for e in headlines.HEADLINE_ENGINES:
+    glue(f"rq3_top1_agreement_ties_{e}", headlines.value(three, e, "agreement_robust", pct1), display=False)
+    glue(f"rq3_top1_agreement_study_{e}", headlines.value(three, e, "agreement", pct1), display=False)
+    glue(f"rq3_n_tied_{e}", headlines.value(three, e, "n_tied", lambda v: f"{v:,}"), display=False)
+    glue(f"rq3_n_comparisons_{e}", headlines.value(three, e, "n", lambda v: f"{v:,}"), display=False)
+glue("rq3_top1_agreement_ties", headlines.value(three, engine_model, "agreement_robust", pct1),
+     display=False)
+robust_agree = [r["agreement_robust"] for r in three.values() if r is not None]
+# the introduction's "what holds" row: the best policy changes with the metric (in most comparisons)
+glue("rq3_claim_study", headlines.value(three, "lssp", "agreement", lambda v: f"changes in {pct1(1 - v)}"),
+     display=False)
+glue("rq3_claim_robust", headlines.value(three, "lssp", "agreement_robust", lambda v: f"changes in {pct1(1 - v)}"),
+     display=False)
+for e in headlines.HEADLINE_ENGINES:
+    glue(f"rq3_holds_{e}", headlines.value(three, e, "agreement_robust", lambda v: "holds" if v < 0.5 else "fails"),
+         display=False)
+glue("rq3_verdict", ("The best policy usually changes with the metric, under both engine models."
+                     if max(robust_agree) < 0.5 else
+                     "Most pairs of metrics agree on a best policy once ties count as ties; the study's "
+                     "\"the best policy changes with the metric\" is mostly ties broken by name."
+                     if min(robust_agree) >= 0.5 else
+                     "Whether two metrics agree on the best policy depends on the engine model."), display=False)
+present.table(pd.DataFrame([{"engine model": e, "comparisons": r["n"], "tied top-1": r["n_tied"],
+                             "top-1 agreement, study's counting": pct1(r["agreement"]),
+                             "top-1 agreement, ties as ties": pct1(r["agreement_robust"])}
+                            for e, r in three.items() if r is not None]))
+
+# %% [markdown]
+# ## In detail
+#
 # Over {glue:text}`rq3_n_defined:d` defined (condition,
 # metric pair) comparisons of the {glue:text}`rq3_n_policies:d` policies' rankings (engine model
 # {glue:text}`rq3_engine`, {glue:text}`rq3_n_metrics:d` metrics, {glue:text}`rq3_n_conditions:d`
@@ -180,4 +232,3 @@ present.table(wins.rename(index=present.label))
 # farthest {glue:text}`rq3_worst_metric_pair` ({glue:text}`rq3_worst_metric_pair_tau`); in one
 # condition ({glue:text}`rq3_max_distinct_winners_where`) the metrics crown
 # {glue:text}`rq3_max_distinct_winners:d` different policies.
-# :::

@@ -11,6 +11,13 @@
 # %% [markdown]
 # # RQ6 — Does the simulated reversal hold on a real engine?
 #
+# :::{admonition} Finding
+# :class: tip pb-finding
+# {glue:text}`rq6_verdict:s` The simulator (`vllm_v1`) in the same configuration predicts
+# {glue:text}`rq6_study_sim_signs_agree:s` of the settled signs as measured. Configurations that do
+# not compare with the study's (other admission limits) are read apart, below.
+# :::
+#
 # **Question.** Does the study's largest simulated reversal — `slai_faithful` against `vllm_faithful`
 # on ANWG at HIGH_PRESSURE — also appear when the same windows are replayed on a real serving engine?
 # **Method.** The real-engine results committed in `data/results/realengine/` (λ_ref re-found per
@@ -30,8 +37,8 @@ margin = 0.10              # practical-margin threshold of the reversal classifi
 confidence_level = 0.95    # level of the classifier's per-source bootstrap intervals
 rerun_backend = ""         # "vllm" or "transformers": replay the case now (needs that engine)
 rerun_windows_per_source = 2  # windows per source of such a replay
-real_engine_runs = ["vllm_cpu_guarded_case", "vllm_cpu_equal_case", "vllm_cpu_study_case",
-                    "vllm_cpu_case"]  # real-engine case runs to read, headline first
+real_engine_runs = ["vllm_cpu_study_case", "vllm_cpu_equal_case", "vllm_cpu_guarded_case",
+                    "vllm_cpu_case"]  # real-engine case runs to read, headline first (the study's configuration)
 equal_limits_run = "vllm_cpu_equal_case"  # of those, the run with the same max_model_len for both policies ("": none)
 study_config_run = "vllm_cpu_study_case"  # of those, the run with the study's real-system configuration ("": none)
 study_rehost_run = "vllm_cpu_study_azure_h2_case"  # that configuration rerun on a second host, λ_ref searched there ("": none)
@@ -117,113 +124,11 @@ original = reading.original_result()
 present.table(original[["source", "delta"]], digits=3)
 
 # %% [markdown]
-# ## Mean SLAI − vLLM difference per source: real engine, simulator, original study
-
-# %%
-deltas = reading.deltas(cases, sim_table, engine_model, n_resamples=n_resamples, seed=seed)
-for _, r in deltas.iterrows():
-    label = r["engine"].split(" ")[0] if r["engine"].startswith("simulator") else r["engine"]
-    if r["engine"].startswith("simulator") and "all windows" not in r["engine"]:
-        continue
-    key = "sim" if label == "simulator" else ("original" if label.startswith("original") else label)
-    glue(f"rq6_{key}_{r['source']}", present.signed(r["delta"], 3), display=False)   # true minus sign
-    if cases.tags and r["engine"] == cases.tags[0]:
-        glue(f"rq6_real_{r['source']}", present.signed(r["delta"], 3), display=False)  # the headline run
-
-fig, ax = plt.subplots(figsize=(8, 4))
-labels = list(dict.fromkeys(deltas["engine"]))
-sources = sorted(set(deltas["source"]))
-width = 0.8 / max(1, len(labels))
-for k, label in enumerate(labels):
-    d = deltas[deltas["engine"] == label].set_index("source").reindex(sources)
-    x = np.arange(len(sources)) + (k - (len(labels) - 1) / 2) * width
-    err = None
-    if {"ci_low", "ci_high"} <= set(d.columns) and d["ci_low"].notna().any():
-        err = [d["delta"] - d["ci_low"], d["ci_high"] - d["delta"]]
-    ax.bar(x, d["delta"], width, yerr=err, capsize=2, label=label)
-ax.axhline(0, color="k", lw=0.6)
-ax.set_xticks(range(len(sources)), [source_label(s) for s in sources])
-ax.set_ylabel(f"mean ANWG, {policy_a} − {policy_b} (95% CI)", fontsize=8)
-ax.set_title(f"{CASE_REGION}: real engine, simulator ({engine_model}) and the original study", fontsize=10)
-# the legend below the axes, where it cannot cover a bar
-ax.legend(fontsize=7.5, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2, frameon=False)
-fig.set_size_inches(8, 4 + 0.22 * ((len(labels) + 1) // 2))
-fig.tight_layout()
-present.figure("rq6_case", fig, output_dir, "rq6_case.png")
-
-# %% [markdown]
-# :::{glue:figure} rq6_case
-# :name: fig-rq6-case
-# :alt: Grouped bar chart, one group per source, of the mean ANWG difference between the two case policies on each real-engine run, in the simulator and in the original study, with 95% confidence intervals.
-#
-# **Does the simulated reversal hold on a real engine?** Per source, the mean {glue:text}`rq6_policies`
-# difference in ANWG at {glue:text}`rq6_region` (bars below 0: the first policy is worse), with its
-# 95% bootstrap interval, on each real-engine run, in the simulator on the same windows and on all
-# windows, and as the original study measured it on an A100. A reversal is a bar that changes sign
-# between two sources; compare the real-engine bars with the simulator's beside them.
-# :::
-
-# %% tags=["hide-output"]
-present.table(deltas, digits=3)
-
-# %% [markdown]
-# ## The reversal classifier on each engine
-#
-# The RQ2 classifier applied to the two case policies (a supported reversal needs a sign change with
-# a margin above `margin` in both sources and both per-source CIs excluding 0), on the case pair and
-# the control pair:
-
-# %%
-verdict = reading.verdicts(cases, sim_table, engine_model, n_resamples=n_resamples, seed=seed, margin=margin,
-                           confidence_level=confidence_level)
-glue("rq6_n_real_engines", len(cases.tags), display=False)
-display(Markdown("\n".join(reading.verdict_lines(verdict, case_sources, control_sources))
-                 or "No real-engine results yet."))
-
-# %% tags=["hide-output"]
-present.table(verdict[["engine", "source_x", "source_y", "delta_x", "delta_y", "ci_low_x", "ci_high_x",
-                       "ci_low_y", "ci_high_y", "cls"]], digits=3)
-
-# %%
-first_real = cases.tags[0] if cases.tags else None
-summary = reading.classifier_summary(verdict, first_real, case_sources, control_sources)
-for k, v in summary.items():
-    glue(f"rq6_{k}", v, display=False)
-glue("rq6_first_real", first_real or "none", display=False)
-glue("rq6_case_first", source_label(case_sources[0]), display=False)
-glue("rq6_case_second", source_label(case_sources[1]), display=False)
-
-# %% [markdown]
-# ## Refusals and each policy's ANWG on the real engine
-#
-# vLLM v1 requires `max_model_len` to be at most the token budget when chunked prefill is off, so the
-# real engine runs `vllm_faithful` (2,560-token budget, chunked prefill off) with a smaller
-# `max_model_len` than `slai_faithful`, and refuses every request whose prompt and output exceed it.
-# A refused request is never completed, so it lowers that policy's ANWG whatever the scheduler does.
-# Per source and policy, on the headline run (means over its runs, of
-# {glue:text}`rq6_requests_per_run:s` requests each; *not refused*: the share of the requests the
-# engine accepted):
-
-# %%
-head_tag = cases.tags[0]
-per_policy = reading.per_policy(cases, head_tag, list(case_sources) + list(control_sources))
-order = list(per_policy["source"].cat.categories)
-glue("rq6_requests_per_run", present.num(per_policy["requests"].median(), 0), display=False)
-present.table(per_policy.drop(columns=["runs", "requests"]).rename(columns={"refused": "refused per run",
-                                                                          "not_refused": "not refused"}),
-              digits={"max_model_len": 0, "refused per run": 2, None: 3})
-
-# %%
-readings = reading.Readings(cases, head_tag, deltas, verdict, summary, order, tuple(case_sources),
-                            tuple(control_sources))
-glue("rq6_conclusion", reading.conclusion(readings, per_policy, equal_limits_run=equal_limits_run,
-                                          study_config_run=study_config_run), display=False)
-
-# %% [markdown]
 # ## The study's configuration: the simulator in it, and how settled the real result is
 #
-# The simulator's figures above come from a campaign in the study's *simulated* configuration (its
-# load calibration, budget and SLO). The real runs of `study_config_run` ran in another: both
+# This is the configuration the study's A100 result was measured in, so the chapter's verdict reads
+# it. The campaign's simulator figures (in the next section) come from the study's *simulated*
+# configuration (its load calibration, budget and SLO). The real runs of `study_config_run` ran in another: both
 # policies at a 32,768-token budget and `max_model_len`, at most 32 requests in flight. Here the
 # simulator is run in exactly that configuration, per window: the `vllm_v1` engine model, the
 # step cost cross-validated by window on the case's own steps (one per policy, fitted on as many
@@ -236,7 +141,7 @@ glue("rq6_conclusion", reading.conclusion(readings, per_policy, equal_limits_run
 # of the same minutes, and that speed sets the load they see. Their ANWG move together from one
 # repetition to the next (correlation {glue:text}`rq6_study_pair_corr:s`, each window's own mean
 # taken out), so the pairs are drawn whole. Drawn apart, as if the two runs of a repetition had
-# nothing in common (this chapter's reading until 2026-12-06), the host's swings count as a
+# nothing in common (the unpaired reading), the host's swings count as a
 # difference between the policies and the intervals widen:
 # {glue:text}`rq6_study_unpaired_reading:s`.
 
@@ -288,7 +193,8 @@ if study_config_run:
         rehost_pred = rehost_rows["simulator, same configuration (vllm_v1)"].set_index("source")
         # the provenance bullet as plain text (a glued value is not parsed as markdown)
         glue("rq6_study_rehost_provenance",
-             reading.provenance_line(rehost, study_rehost_run).removeprefix("- ").replace("**", ""), display=False)
+             reading.provenance_line(rehost, study_rehost_run).removeprefix("- ").replace("**", "")
+             .replace(f" (`{study_rehost_run}`)", ""), display=False)
         glue("rq6_study_rehost_reading", reading.interval_reading(rehost_row, rehost_row.index), display=False)
         glue("rq6_study_rehost_sim", reading.interval_reading(rehost_pred, rehost_pred.index, verdict=False),
              display=False)
@@ -301,11 +207,26 @@ if study_config_run:
     display(present.table(configured, digits=3))
     display(present.table(real_row.reset_index()[["source", "n_windows", "repetitions", "delta", "ci_low",
                                                   "ci_high", "half_width", "pair_corr"]], digits=4))
+    glue("rq6_verdict", reading.verdict(real_row, rehost_row), display=False)
+    # the introduction's "what holds" row: slai_faithful scores below vllm_faithful (the A100's sign)
+    order_src = [s_ for s_ in ("azure_llm_2024", "burstgpt", "bailian_qwen") if s_ in real_row.index]
+    triple = lambda t: " / ".join(present.signed(t.loc[s_, "delta"], 3) for s_ in order_src)
+    glue("rq6_claim_sources", " / ".join(source_label(s_) for s_ in order_src), display=False)
+    glue("rq6_claim_study", "A100: " + " / ".join(present.signed(reading.ORIGINAL[s_], 3) for s_ in order_src),
+         display=False)
+    glue("rq6_claim_lssp", "campaign: " + triple(camp_rows["simulator, campaign configuration (lssp)"]),
+         display=False)
+    glue("rq6_claim_vllm_v1", "same configuration: " + triple(pred_row), display=False)
+    glue("rq6_claim_real", reading.verdict_brief(real_row, rehost_row), display=False)
     short = reading.short_finding(real_row, pred_row, camp_rows, agree, steady_row, rehost_row)
     glue("rq6_short_finding", short, display=False)
     glue("rq6_short_finding_words", len(short.split()), display=False)
 else:
     glue("rq6_short_finding", "No real run in the study's configuration is committed.", display=False)
+    glue("rq6_verdict", "No real run in the study's configuration is committed.", display=False)
+    for k in ("sources", "study", "lssp", "vllm_v1", "real"):
+        glue(f"rq6_claim_{k}", "not computed", display=False)
+    glue("rq6_study_sim_signs_agree", "n/a", display=False)
     glue("rq6_study_runs_to_settle", "n/a (no such case)", display=False)
     glue("rq6_study_steady_excluded", "n/a", display=False)
     glue("rq6_study_steady_reading", "n/a", display=False)
@@ -371,6 +292,119 @@ else:
 # :class: note
 # {glue:text}`rq6_short_finding:s`
 # :::
+
+# %% [markdown]
+# ## Configurations that do not compare with the study
+#
+# The figure and tables below set the study-configuration case (first) beside cases that ran the two
+# policies under other admission limits: each under its own (`vllm_faithful` with a 2,560-token
+# `max_model_len`, so that it refuses every longer request: a refusal, not a scheduling decision,
+# lowers its ANWG), or both under the same 2,560-token limit. Neither is the configuration of the
+# study's A100 result, and the first does not separate scheduling from refusal. They show how the sign
+# depends on the configuration, not whether the A100's holds.
+
+# %% [markdown]
+# ### Mean SLAI − vLLM difference per source: real engine, simulator, original study
+
+# %%
+deltas = reading.deltas(cases, sim_table, engine_model, n_resamples=n_resamples, seed=seed)
+for _, r in deltas.iterrows():
+    label = r["engine"].split(" ")[0] if r["engine"].startswith("simulator") else r["engine"]
+    if r["engine"].startswith("simulator") and "all windows" not in r["engine"]:
+        continue
+    key = "sim" if label == "simulator" else ("original" if label.startswith("original") else label)
+    glue(f"rq6_{key}_{r['source']}", present.signed(r["delta"], 3), display=False)   # true minus sign
+    if cases.tags and r["engine"] == cases.tags[0]:
+        glue(f"rq6_real_{r['source']}", present.signed(r["delta"], 3), display=False)  # the headline run
+
+fig, ax = plt.subplots(figsize=(8, 4))
+labels = list(dict.fromkeys(deltas["engine"]))
+sources = sorted(set(deltas["source"]))
+width = 0.8 / max(1, len(labels))
+for k, label in enumerate(labels):
+    d = deltas[deltas["engine"] == label].set_index("source").reindex(sources)
+    x = np.arange(len(sources)) + (k - (len(labels) - 1) / 2) * width
+    err = None
+    if {"ci_low", "ci_high"} <= set(d.columns) and d["ci_low"].notna().any():
+        err = [d["delta"] - d["ci_low"], d["ci_high"] - d["delta"]]
+    ax.bar(x, d["delta"], width, yerr=err, capsize=2, label=present.label(label))
+ax.axhline(0, color="k", lw=0.6)
+ax.set_xticks(range(len(sources)), [source_label(s) for s in sources])
+ax.set_ylabel(f"mean ANWG, {policy_a} − {policy_b} (95% CI)", fontsize=8)
+ax.set_title(f"{CASE_REGION}: real engine, simulator ({engine_model}) and the original study", fontsize=10)
+# the legend below the axes, where it cannot cover a bar
+ax.legend(fontsize=7.5, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2, frameon=False)
+fig.set_size_inches(8, 4 + 0.22 * ((len(labels) + 1) // 2))
+fig.tight_layout()
+present.figure("rq6_case", fig, output_dir, "rq6_case.png")
+
+# %% [markdown]
+# :::{glue:figure} rq6_case
+# :name: fig-rq6-case
+# :alt: Grouped bar chart, one group per source, of the mean ANWG difference between the two case policies on each real-engine run, in the simulator and in the original study, with 95% confidence intervals.
+#
+# **Does the simulated reversal hold on a real engine?** Per source, the mean {glue:text}`rq6_policies`
+# difference in ANWG at {glue:text}`rq6_region` (bars below 0: the first policy is worse), with its
+# 95% bootstrap interval, on each real-engine run, in the simulator on the same windows and on all
+# windows, and as the original study measured it on an A100. A reversal is a bar that changes sign
+# between two sources; compare the real-engine bars with the simulator's beside them.
+# :::
+
+# %% tags=["hide-output"]
+present.table(deltas, digits=3)
+
+# %% [markdown]
+# ### The reversal classifier on each engine
+#
+# The RQ2 classifier applied to the two case policies (a supported reversal needs a sign change with
+# a margin above `margin` in both sources and both per-source CIs excluding 0), on the case pair and
+# the control pair:
+
+# %%
+verdict = reading.verdicts(cases, sim_table, engine_model, n_resamples=n_resamples, seed=seed, margin=margin,
+                           confidence_level=confidence_level)
+glue("rq6_n_real_engines", len(cases.tags), display=False)
+display(Markdown("\n".join(reading.verdict_lines(verdict, case_sources, control_sources))
+                 or "No real-engine results yet."))
+
+# %% tags=["hide-output"]
+present.table(verdict[["engine", "source_x", "source_y", "delta_x", "delta_y", "ci_low_x", "ci_high_x",
+                       "ci_low_y", "ci_high_y", "cls"]], digits=3)
+
+# %%
+first_real = cases.tags[0] if cases.tags else None
+summary = reading.classifier_summary(verdict, first_real, case_sources, control_sources)
+for k, v in summary.items():
+    glue(f"rq6_{k}", v, display=False)
+glue("rq6_first_real", present.label(first_real) if first_real else "none", display=False)
+glue("rq6_case_first", source_label(case_sources[0]), display=False)
+glue("rq6_case_second", source_label(case_sources[1]), display=False)
+
+# %% [markdown]
+# ### Refusals and each policy's ANWG on the real engine
+#
+# vLLM v1 requires `max_model_len` to be at most the token budget when chunked prefill is off, so the
+# real engine runs `vllm_faithful` (2,560-token budget, chunked prefill off) with a smaller
+# `max_model_len` than `slai_faithful`, and refuses every request whose prompt and output exceed it.
+# A refused request is never completed, so it lowers that policy's ANWG whatever the scheduler does.
+# Per source and policy, on the headline run (means over its runs, of
+# {glue:text}`rq6_requests_per_run:s` requests each; *not refused*: the share of the requests the
+# engine accepted):
+
+# %%
+head_tag = cases.tags[0]
+per_policy = reading.per_policy(cases, head_tag, list(case_sources) + list(control_sources))
+order = list(per_policy["source"].cat.categories)
+glue("rq6_requests_per_run", present.num(per_policy["requests"].median(), 0), display=False)
+present.table(per_policy.drop(columns=["runs", "requests"]).rename(columns={"refused": "refused per run",
+                                                                          "not_refused": "not refused"}),
+              digits={"max_model_len": 0, "refused per run": 2, None: 3})
+
+# %%
+readings = reading.Readings(cases, head_tag, deltas, verdict, summary, order, tuple(case_sources),
+                            tuple(control_sources))
+glue("rq6_conclusion", reading.conclusion(readings, per_policy, equal_limits_run=equal_limits_run,
+                                          study_config_run=study_config_run), display=False)
 
 # %% [markdown]
 # ## The GPU run: the study's configuration on an H200
@@ -440,11 +474,11 @@ if gpu is not None:
 
 
 # %% [markdown]
-# :::{admonition} Finding
-# :class: tip pb-finding
+# ## In detail
+#
 # {glue:text}`rq6_short_finding:s`
 #
-# In detail, over every committed configuration: {glue:text}`rq6_conclusion:s`
+# Over every committed configuration: {glue:text}`rq6_conclusion:s`
 #
 # Against the simulator: where the real engine has {glue:text}`rq6_real_case_delta_first` on
 # {glue:text}`rq6_case_first` and {glue:text}`rq6_real_case_delta_second` on
@@ -454,4 +488,3 @@ if gpu is not None:
 # **{glue:text}`rq6_real_case_class`** on the real engine and **{glue:text}`rq6_sim_case_class`** in
 # the simulator, and the control ({glue:text}`rq6_control_pair`)
 # **{glue:text}`rq6_real_control_class`** and **{glue:text}`rq6_sim_control_class`**.
-# :::

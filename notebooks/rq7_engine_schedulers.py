@@ -11,11 +11,25 @@
 # %% [markdown]
 # # RQ7 — Do the schedulers that engines ship today port?
 #
+# :::{admonition} Finding
+# :class: tip pb-finding
+# vLLM v1's priority scheduling with the deadline as the priority is the study's `edf` on vLLM's
+# rules (`vllm_v1_priority`); its worst rank over sources and regions among
+# {glue:text}`rq7_n_panel:d` policies is {glue:text}`rq7_v1_priority_worst_vllm_v1` under `vllm_v1`
+# ({glue:text}`rq7_v1_priority_worst_lssp` under `lssp`). vLLM v0's rule, which also lets a waiting
+# request evict lower priorities (`vllm_v0_priority`), ranks {glue:text}`rq7_v0_priority_worst_lssp` at
+# worst under `lssp` but {glue:text}`rq7_v0_priority_worst_vllm_v1` under `vllm_v1`. Of today's engine
+# schedulers, the best worst case is {glue:text}`rq7_safe_default_lssp` under `lssp` and
+# {glue:text}`rq7_safe_default_vllm_v1` under `vllm_v1`. {glue:text}`rq7_real_verdict`
+# :::
+#
 # **Question.** Since the study's 2023–24 panel, serving engines have added length-aware and
 # multi-level schedulers, each argued for on one workload. Do *their* rankings port across sources,
 # regions, metrics and SLOs, and how much of a length-aware policy's advantage survives a worse
-# output-length predictor? **Method.** Eleven policies join the study's primary panel — vLLM v1's
-# `priority` policy with the priority from the deadline, shortest-job-first with aging (TensorRT-LLM's
+# output-length predictor? **Method.** Eleven policies join the study's primary panel — vLLM v0's
+# `priority` rule with the priority from the deadline (`vllm_v0_priority`: a waiting request evicts
+# running ones of lower priority; vLLM v1 dropped that eviction, and its `--scheduling-policy priority`
+# with priority = deadline is the study's `edf` on vLLM's rules), shortest-job-first with aging (TensorRT-LLM's
 # SJF queue, a vLLM proposal), vllm-ascend's short-request-first lanes, FastServe's skip-join MLFQ,
 # least attained service, an SRPT oracle that knows the true output lengths (an upper bound no real
 # scheduler reaches); four of SGLang's `--schedule-policy` options — `hrrn` (highest response ratio
@@ -33,7 +47,7 @@
 # (longest prefix match) and `dfs-weight` (a walk of the radix tree of shared prefixes), rank requests
 # by the prompt prefixes they share with the cache; the windows record token counts, not token
 # contents, so they carry no prefix information and both policies are out of reach (every request
-# would tie). SGLang's `priority` is a user-given priority, as vLLM's is (`vllm_priority` here). vLLM's
+# would tie). SGLang's `priority` is a user-given priority, as vLLM's is. vLLM's
 # long-prefill caps (`long_prefill_token_threshold`, `max_num_partial_prefills`,
 # `max_long_partial_prefills`) are parameters of the `vllm_v1` engine model, off in the campaign as
 # they are by default in vLLM; the model's documentation says what they do.
@@ -173,7 +187,7 @@ if fifo_pre == 0 and not gne_pre > 0:
                          "rule: they differ in what they admit, and when.")
 else:
     capacity_sentence = (f"Per window and cell, FCFS is preempted {present.num(fifo_pre, 1)} times on "
-                         f"average under the {engine_model} engine model and `guaranteed_no_evict` "
+                         f"average under the {engine_model} engine model and guaranteed_no_evict "
                          f"{present.num(gne_pre, 1)} times.")
 glue("rq7_capacity_sentence", capacity_sentence, display=False)
 present.table(capacity.rename_axis("region").rename(columns=lambda c: c.replace("n_preemptions", "preemptions")),
@@ -365,7 +379,7 @@ if 0.0 in wide and 1.0 in wide and "sjf_aging" in wide.index:
 readers = [p for p in ("hrrn", "lof", "guaranteed_no_evict") if p in wide.index]
 if 0.0 in wide and 1.0 in wide and readers:
     glue("rq7_widened_prediction", present.join(
-        [f"`{p}` {present.signed(wide.loc[p, 1.0] - wide.loc[p, 0.0], 3)}" for p in readers]),
+        [f"{p} {present.signed(wide.loc[p, 1.0] - wide.loc[p, 0.0], 3)}" for p in readers]),
         display=False)
 else:
     glue("rq7_widened_prediction", "not measured (no sweep on disk)", display=False)
@@ -390,13 +404,15 @@ present.table(wide.rename(columns=lambda e: f"{e:.0%} error").rename_axis("polic
 # %% [markdown]
 # ## On a real engine: SJF with aging and priority scheduling against vLLM's FCFS
 #
-# `sjf_aging` and `vllm_priority` were replayed against FCFS on vLLM's CPU build (a tiny random-weight
+# `sjf_aging` and vLLM v1's priority scheduling (`vllm_v1_priority`, priority = deadline; the
+# simulator's `edf`) were replayed against FCFS on vLLM's CPU build (a tiny random-weight
 # model; `benchmarks/rq7_vllm_cpu.py`), at HIGH_PRESSURE — 1.5 × each window's λ_ref found on that
 # engine — on the first windows of each source, two repetitions each, every run guarded by host probes
 # as in {doc}`fidelity`. FCFS here is vLLM's own with exactly the two policies' engine settings
 # (2,048-token budget, chunked prefill, 256 sequences), so a difference between them is the order
 # alone. `sjf_aging` is a scheduler subclass that re-sorts vLLM's waiting queue with the simulator
-# policy's score; `vllm_priority` is vLLM's `priority` scheduling with the deadline as the priority.
+# policy's score; `vllm_v1_priority` is vLLM's `priority` scheduling with the deadline as the priority
+# (the runs recorded it as `vllm_priority`, the name that covered both vLLM versions' rules).
 #
 # Beside each real difference from FCFS stand two predictions for the same windows: the
 # **counterpart** — the `vllm_v1` model with the cost refitted to this engine, replaying the same
@@ -421,11 +437,12 @@ from portbench import fidelity, results, store
 from portbench.engine import StepCost
 from portbench.realengine.study import case_deltas
 
-REAL_NEW = ("sjf_aging", "vllm_priority")
+REAL_NEW = ("sjf_aging", "vllm_v1_priority")
 rq7_case = results.setup_case(real_engine_run) if real_engine_run else None
 rq6_case = results.setup_case(real_engine_cost)
 real_sentence = ("No real-engine run of these schedulers is on disk "
                  "(benchmarks/rq7_vllm_cpu.py makes one).")
+real_verdict = real_sentence
 if rq7_case is not None and rq7_case.has("runs") and rq6_case.has("cost"):
     real_runs = rq7_case.runs
     real_requests = rq7_case.requests
@@ -440,6 +457,8 @@ if rq7_case is not None and rq7_case.has("runs") and rq6_case.has("cost"):
     campaign_v1 = campaign_v1[(campaign_v1["region"] == "HIGH_PRESSURE") & (campaign_v1["slo_multiplier"] == 20.0)
                               & campaign_v1["window_id"].isin(real_windows)
                               & np.isclose(campaign_v1.get("prediction_error", 0.2), 0.2)]
+    # vLLM v1's priority scheduling is the campaign's edf (vllm_v1_priority is its alias)
+    campaign_v1 = campaign_v1.assign(policy=campaign_v1["policy"].replace({"edf": "vllm_v1_priority"}))
     rows, per_window = [], []
     for p in REAL_NEW:
         pair = (p, "fifo")
@@ -469,7 +488,7 @@ if rq7_case is not None and rq7_case.has("runs") and rq6_case.has("cost"):
     reps = real_runs.pivot_table(index=["window_id", "policy"], columns="repetition", values=metric)
     noise = float((reps.max(axis=1) - reps.min(axis=1)).mean()) if reps.shape[1] > 1 else float("nan")
     agree = per_window.assign(same=np.sign(per_window["real_mean"]) == np.sign(per_window["counterpart"]))
-    n_pre = int(counterpart.loc[counterpart["policy"] == "vllm_priority", "preemptions_sim"].sum())
+    n_pre = int(counterpart.loc[counterpart["policy"] == "vllm_v1_priority", "preemptions_sim"].sum())
 
     fig, axes = plt.subplots(1, len(REAL_NEW), figsize=(10, 4), sharex=True, sharey=True)
     for ax, p in zip(np.atleast_1d(axes), REAL_NEW):
@@ -501,6 +520,22 @@ if rq7_case is not None and rq7_case.has("runs") and rq6_case.has("cost"):
         parts.append(f"{p} − FCFS averages {present.signed(means.loc[p, 'Δ real'], 3)} ANWG over the sources, "
                      f"{where} (counterpart {present.signed(means.loc[p, 'Δ counterpart'], 3)}, campaign "
                      f"{present.signed(means.loc[p, 'Δ campaign'], 3)})")
+    mean_abs_real = float(per_window["real_mean"].abs().mean())
+    n_same, n_pairs = int(agree["same"].sum()), len(agree)
+    settled = sum(int(((real_table.loc[p]["real CI low"] > 0) | (real_table.loc[p]["real CI high"] < 0)).sum())
+                  for p in REAL_NEW)
+    if mean_abs_real <= noise or 2 * n_same <= n_pairs:
+        real_verdict = (
+            f"On vLLM's CPU build this check is inconclusive: the real differences from FCFS (mean "
+            f"|ΔANWG| {present.num(mean_abs_real, 3)}) are no larger than two runs of the same window "
+            f"apart ({present.num(noise, 3)}), and the real and simulated differences share their sign in "
+            f"{n_same} of {n_pairs} (window, policy) pairs.")
+    else:
+        real_verdict = (
+            f"On vLLM's CPU build the real differences from FCFS (mean |ΔANWG| {present.num(mean_abs_real, 3)}) "
+            f"exceed the repetitions' own spread ({present.num(noise, 3)}), {settled} of "
+            f"{len(real_table)} (policy, source) intervals exclude zero, and the real and simulated "
+            f"differences share their sign in {n_same} of {n_pairs} pairs.")
     real_sentence = (
         f"On vLLM's CPU build ({len(real_windows)} windows at HIGH_PRESSURE, {len(real_runs)} runs"
         + (f", the {n_flagged} that the host guard flagged left out" if exclude_host_flagged
@@ -528,8 +563,8 @@ if rq7_case is not None and rq7_case.has("runs") and rq6_case.has("cost"):
     glue("rq7_real_flagged", n_flagged, display=False)
     glue("rq7_real_noise", noise, display=False)
     glue("rq7_real_preemptions_sim", n_pre, display=False)
-    display(Markdown(f"The `vllm_priority` counterparts preempted {present.count(n_pre, 'time')} in the "
-                     "simulator (the real vLLM v1 priority policy has no waiting-triggered preemption)."))
+    display(Markdown(f"The `vllm_v1_priority` counterparts (the simulator's `edf`) preempted "
+                     f"{present.count(n_pre, 'time')} in the simulator, each for a running request's KV growth."))
     display(present.table(real_table, digits={"windows": 0, None: 3}))
 else:
     fig, ax = plt.subplots(figsize=(6, 1.2))
@@ -537,6 +572,10 @@ else:
     ax.text(0.5, 0.5, "no real-engine run of these schedulers on disk", ha="center", va="center")
     present.figure("rq7_real_engine", fig)
 glue("rq7_real_sentence", real_sentence, display=False)
+glue("rq7_real_verdict", real_verdict, display=False)
+glue("rq7_real_brief", ("no run on disk" if rq7_case is None or not rq7_case.has("runs") else
+                        "inconclusive" if "inconclusive" in real_verdict else "above the engine's noise"),
+     display=False)
 
 # %% [markdown]
 # :::{glue:figure} rq7_real_engine
@@ -552,8 +591,38 @@ glue("rq7_real_sentence", real_sentence, display=False)
 # :::
 
 # %% [markdown]
-# :::{admonition} Finding
-# :class: tip pb-finding
+# ## The headline under both engine models: which priority scheduling ranks where
+#
+# The worst, median and best rank of vLLM v1's priority scheduling (`edf` on vLLM's rules), of vLLM
+# v0's rule (`vllm_v0_priority`) and of each engine model's safest new scheduler, on the committed
+# tables of both engine models (the study's panel and today's schedulers, base SLO, frozen
+# predictions).
+
+# %%
+from portbench.chapters import headlines
+
+rank_tables = {e: table if e == engine_model else headlines.headline_table(e) for e in headlines.HEADLINE_ENGINES}
+summaries = {e: None if t is None else headlines.rank_summary(t, EXTENDED, metric) for e, t in rank_tables.items()}
+rows = []
+for e, summ in summaries.items():
+    if summ is None:
+        for k in ("rq7_safe_default", "rq7_v1_priority_worst", "rq7_v0_priority_worst", "rq7_claim"):
+            glue(f"{k}_{e}", "not computed", display=False)
+        continue
+    safe_e = summ.loc[list(NEW)].sort_values(["worst rank", "median rank"]).index[0]
+    glue(f"rq7_safe_default_{e}", f"{safe_e} (worst rank {summ.loc[safe_e, 'worst rank']:.0f})", display=False)
+    glue(f"rq7_v1_priority_worst_{e}", f"{summ.loc['edf', 'worst rank']:.0f}", display=False)
+    glue(f"rq7_v0_priority_worst_{e}", f"{summ.loc['vllm_v0_priority', 'worst rank']:.0f}", display=False)
+    glue(f"rq7_claim_{e}", f"v1 worst {summ.loc['edf', 'worst rank']:.0f}, "
+                           f"v0 worst {summ.loc['vllm_v0_priority', 'worst rank']:.0f}", display=False)
+    for p, what in (("edf", "vLLM v1 priority scheduling (edf)"), ("vllm_v0_priority", "vLLM v0 priority rule"),
+                    (safe_e, "safest new scheduler")):
+        rows.append({"engine model": e, "policy": p, "what": what, **summ.loc[p].to_dict()})
+present.table(pd.DataFrame(rows), digits=1)
+
+# %% [markdown]
+# ## In detail
+#
 # Under the {glue:text}`rq7_engine` engine model, among today's engine schedulers the one with the
 # best worst case across sources and regions is **{glue:text}`rq7_safe_default`** (worst rank
 # {glue:text}`rq7_safe_worst` of {glue:text}`rq7_n_panel`, median {glue:text}`rq7_safe_median:.1f`);
@@ -562,9 +631,8 @@ glue("rq7_real_sentence", real_sentence, display=False)
 # median cross-source $\tau_b$ is {glue:text}`rq7_tau_median` (study's panel
 # {glue:text}`rq7_tau_study_median`; lowest {glue:text}`rq7_tau_min`), and
 # {glue:text}`rq7_supported_new` of the {glue:text}`rq7_supported` supported reversals among
-# {glue:text}`rq7_n_tests` tests involve a new policy ({glue:text}`rq7_supported_widened:s` one of
-# SGLang's policies or TensorRT-LLM's capacity rule). From a perfect to a 100%-error predictor, SJF
+# {glue:text}`rq7_n_tests` tests involve a new policy (of them, {glue:text}`rq7_supported_widened:s`
+# {glue:text}`rq7_supported_widened_verb:s` one of SGLang's policies or TensorRT-LLM's capacity rule). From a perfect to a 100%-error predictor, SJF
 # with aging's mean ANWG at {glue:text}`rq7_prediction_region` changes by
 # {glue:text}`rq7_sjf_change` (mean rank {glue:text}`rq7_sjf_rank_0:.1f` →
 # {glue:text}`rq7_sjf_rank_1:.1f`). {glue:text}`rq7_real_sentence:s`
-# :::

@@ -11,6 +11,12 @@
 # %% [markdown]
 # # RQ8 — What the study left open
 #
+# :::{admonition} Finding
+# :class: tip pb-finding
+# **Ties and duplicates** decide several of the study's headlines: {glue:text}`rq8_intro_ties`
+# **Window size:** {glue:text}`rq8_intro_window` **SLO definition:** {glue:text}`rq8_intro_slo`
+# :::
+#
 # **Question.** The study names its own limits: the window size is fixed at 200 requests, SLOs are
 # only end-to-end deadlines, and the metric definitions are never varied; and, read from our exact
 # reproduction, its counts break ties by policy name and count two identical policies twice. Do its
@@ -349,7 +355,7 @@ else:
 base = table[table["policy"].isin(PRIMARY_PANEL)]
 groups = robust.duplicate_groups(base, PRIMARY_PANEL)
 deduped = robust.collapse_duplicates(PRIMARY_PANEL, groups)
-dup_text = "; ".join(" = ".join(f"`{p}`" for p in g) for g in groups) or "none"
+dup_text = "; ".join(" = ".join(f"{p}" for p in g) for g in groups) or "none"
 glue("rq8_dup_groups", dup_text, display=False)
 glue("rq8_n_dup_dropped", len(PRIMARY_PANEL) - len(deduped), display=False)
 
@@ -521,8 +527,8 @@ glue("rq8_intro_metric",
      + f" and {int(held[robust_label])} with ties as ties.", display=False)
 
 # %% [markdown]
-# :::{admonition} Finding
-# :class: tip pb-finding
+# ## In detail
+#
 # **Window size.** With windows of {glue:text}`rq8_ws_smallest:d` requests instead of 200, each
 # recalibrated (median λ_ref {glue:text}`rq8_ws_lambda_ratio` times the 200-request one), the
 # cross-source τ_b spans {glue:text}`rq8_ws_tau_span_small` (200: {glue:text}`rq8_ws_tau_span_200`;
@@ -546,4 +552,3 @@ glue("rq8_intro_metric",
 # {glue:text}`rq8_metric_held_unweighted` with every request weighted 1 (that ANWG is
 # {glue:text}`rq8_metric_unweighted_same`), and {glue:text}`rq8_metric_held_output_tokens` weighted
 # by output tokens.
-# :::

@@ -11,6 +11,19 @@
 # %% [markdown]
 # # RQ9 — Do rankings port when the engine caches prefixes?
 #
+# :::{admonition} Finding
+# :class: tip pb-finding
+# With vLLM's prefix cache on ({glue:text}`rq9_capacity`), the ranking of
+# {glue:text}`rq9_n_policies:d` policies keeps a median τ_b of {glue:text}`rq9_tau_cache_on_vs_off:.2f`
+# against the cache off, with {glue:text}`rq9_supported:d` supported reversals. That is a weak test: at
+# these capacities the cache serves {glue:text}`rq9_hit_rate` of the looked-up tokens, and most policies
+# meet nearly every deadline (see Limits below). Of the cache-aware schedulers,
+# {glue:text}`rq9_best_cache_aware_policy:s` does best, no better than the cache-blind
+# `estimated_service_time_first` (within {glue:text}`rq9_sjf_vs_est:s`). The model's cache decides as
+# vLLM's own scheduler does in {glue:text}`rq9_native_identical_runs_share:.1%` of
+# {glue:text}`rq9_native_runs:d` runs.
+# :::
+#
 # **Question.** The study ran its real engine with prefix caching off, and its three traces carry no
 # prompt contents. Production engines cache prompt prefixes by default (vLLM v1's automatic prefix
 # caching), and their newest schedulers order the queue by what is cached (SGLang's `lpm` and
@@ -227,7 +240,7 @@ fig.tight_layout()
 present.figure("rq9_hits", fig, output_dir, "rq9_hits.png")
 corr = float(hits_focus[["hit_rate", metric]].corr(method="kendall").iloc[0, 1])
 pre = on[on["region"] == focus_region].groupby("policy")["n_preemptions"].mean()
-glue("rq9_priority_preemptions", present.num(pre.get("vllm_priority", np.nan), 0), display=False)
+glue("rq9_priority_preemptions", present.num(pre.get("vllm_v0_priority", np.nan), 0), display=False)
 glue("rq9_fifo_preemptions", present.num(pre.get("fifo", np.nan), 0), display=False)
 faithful = off[off["policy"] == "vllm_faithful"]
 n_requests = faithful[["n_completed", "n_dropped", "n_unfinished"]].to_numpy().sum()
@@ -237,7 +250,7 @@ glue("rq9_hit_rank_tau", present.num(corr, 2), display=False)
 preempting = reading.preempting_cells(off, on, policies=PANEL)
 stopped = preempting[preempting["drop"] >= 0.5]
 glue("rq9_stop_preempting", present.join(
-    [f"`{p}` ({present.pct(r.off, 0)} off, {present.pct(r.on, 0)} on)" for p, r in stopped.iterrows()],
+    [f"{p} ({present.pct(r.off, 0)} off, {present.pct(r.on, 0)} on)" for p, r in stopped.iterrows()],
     empty="no policy"), display=False)
 glue("rq9_fifo_preempting", f"{present.pct(preempting.loc['fifo', 'off'], 0)} and "
      f"{present.pct(preempting.loc['fifo', 'on'], 0)}" if "fifo" in preempting.index else "n/a", display=False)
@@ -254,7 +267,7 @@ glue("rq9_fifo_preempting", f"{present.pct(preempting.loc['fifo', 'off'], 0)} an
 #
 # A request that is preempted and readmitted looks its blocks up again and finds its own if they are
 # still cached, so a policy that preempts often has a higher hit rate without serving more shared
-# prefixes: `vllm_priority` preempts about {glue:text}`rq9_priority_preemptions` times per window at
+# prefixes: `vllm_v0_priority` preempts about {glue:text}`rq9_priority_preemptions` times per window at
 # {glue:text}`rq9_focus_region:s`, FIFO {glue:text}`rq9_fifo_preemptions`.
 #
 # Some policies stop preempting once the cache is on. With the cache off, then on at
@@ -455,8 +468,8 @@ present.table(shown, digits=3) if len(shown) else None
 # - **A single instance.** No routing: llm-d's prefix-aware routing across replicas is out of scope.
 
 # %% [markdown]
-# :::{admonition} Finding
-# :class: tip pb-finding
+# ## In detail
+#
 # **Rankings with the cache.** On {glue:text}`rq9_n_windows:d` prefix-hashed windows, turning vLLM's
 # prefix cache on ({glue:text}`rq9_capacity`) leaves the ranking of {glue:text}`rq9_n_policies:d`
 # policies at a median $\tau_b$ of {glue:text}`rq9_tau_cache_on_vs_off:.2f` against the cache off
@@ -474,4 +487,3 @@ present.table(shown, digits=3) if len(shown) else None
 # prompts. **The model.**
 # With the cache on, {glue:text}`rq9_native_identical_runs_share:.1%` of
 # {glue:text}`rq9_native_runs:d` runs are identical on vLLM's own scheduler.
-# :::

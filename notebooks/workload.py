@@ -11,6 +11,16 @@
 # %% [markdown]
 # # Workload characterisation
 #
+# :::{admonition} Finding
+# :class: tip pb-finding
+# A load level's name does not mean the same load on every source. On
+# {glue:text}`wl_intrinsic_source`, {glue:text}`wl_intrinsic_n:d` of {glue:text}`wl_intrinsic_of:d`
+# windows' knees are set by a single request whose compressed SLO slack is shorter than its own decode
+# time, a deadline no scheduler can meet; elsewhere the knee comes from queueing
+# ({glue:text}`wl_queueing_others`). Calibrated without such requests (the *attainable knee*),
+# {glue:text}`wl_attainable_sentence` The campaign's λ_ref {glue:text}`lambda_agreement`.
+# :::
+#
 # **Question.** How do the traffic sources behind the study's frozen windows differ — in duration,
 # burstiness and prompt and response lengths — and what sets each window's reference load λ_ref:
 # queueing for capacity, or one request's own slack-to-length ratio? **Method.** Per-window
@@ -174,9 +184,43 @@ present.figure("workload_knee_causes", fig, output_dir, "workload_knee_causes.pn
 # whose prediction can fall below the true length), λ_ref is set by a single request whose prediction
 # undershoots its true length: at 1.5 × λ_ref the engine may still be lightly loaded, while every
 # request with predicted < true output is doomed whatever the policy does.
+
+# %% [markdown]
+# ## The attainable knee
 #
-# :::{admonition} Finding
-# :class: tip pb-finding
+# λ_ref found as above, but with the requests that no scheduler can meet at a probed load left out of
+# its miss count: a request is unattainable at a load when the earliest an idle engine could start it
+# plus its service time alone on that engine is past its compressed deadline
+# (`portbench.regions.attainable`; `portbench campaign --knee attainable`). The search walks up from
+# the study's knee by doublings, then bisects. The table gives, per source, the attainable knee as a
+# multiple of the study's (the campaign at that knee: {doc}`rq1_cross_source` and {doc}`rq2_reversals`).
+
+# %%
+from portbench.chapters import headlines
+
+knee_table = headlines.headline_table(engine_model, knee="attainable") if not results_path else None
+if knee_table is None:
+    glue("wl_attainable_sentence", "the campaign at that knee is not on disk "
+         "(portbench campaign --knee attainable).", display=False)
+else:
+    lam_knee = knee_table.groupby("window_id").agg(source=("source", "first"), lambda_ref=("lambda_ref", "first"))
+    ratio = (lam_knee["lambda_ref"] / lam.loc[lam_knee.index, "lambda_ref"]).rename("ratio")
+    by_source = ratio.groupby(lam_knee["source"]).agg(["median", "min", "max"])
+    moved = ratio.groupby(lam_knee["source"]).apply(lambda r: int((r > 1.01).sum()))
+    by_source["windows moved more than 1%"] = moved
+    ratio_of = lambda s: f"{present.num(by_source.loc[s, 'median'], 2)}×"
+    moved_most = by_source["median"].idxmax()
+    others = [s for s in by_source.index if s != moved_most]
+    glue("wl_attainable_sentence", f"{source_label(moved_most)}'s median λ_ref is {ratio_of(moved_most)} the "
+         f"study's knee (" + ", ".join(f"{source_label(s)} {ratio_of(s)}" for s in others)
+         + f"; engine model {engine_model}).", display=False)
+    for s in by_source.index:
+        glue(f"wl_attainable_ratio_{s}", present.num(by_source.loc[s, "median"], 2), display=False)
+    present.table(by_source.rename(index=present.label), digits=2)
+
+# %% [markdown]
+# ## In detail
+#
 # On {glue:text}`wl_intrinsic_source`, {glue:text}`wl_intrinsic_n:d` of {glue:text}`wl_intrinsic_of:d`
 # windows have an *intrinsic* knee: the first deadline FIFO misses just above λ_ref belongs to a
 # request whose compressed slack is just below its own decode time (median slack ÷ service
@@ -184,4 +228,3 @@ present.figure("workload_knee_causes", fig, output_dir, "workload_knee_causes.pn
 # {glue:text}`wl_queueing_others`. The same name for a load level ("HIGH_PRESSURE") therefore means a
 # saturated engine on some sources and a lightly loaded one on others. The campaign's λ_ref (engine
 # model {glue:text}`wl_engine`) {glue:text}`lambda_agreement`.
-# :::

@@ -93,12 +93,37 @@ LABELS = {
     "tau_vs_knee": "τ_b vs KNEE",
     "p_top1": "P(top-1)",
     "p_full": "P(full ranking)",
+    # real-engine cases and set-ups (data/results/realengine/<tag>_case...), by what they ran
+    "vllm_cpu_case": "vLLM-CPU, first case (no host guard)",
+    "vllm_cpu_guarded_case": "vLLM-CPU, each policy's own limits",
+    "vllm_cpu_equal_case": "vLLM-CPU, equal limits",
+    "vllm_cpu_equal_fixed_case": "vLLM-CPU, equal limits, port fixed",
+    "vllm_cpu_study_case": "vLLM-CPU, study configuration",
+    "vllm_cpu_study_azure_h2_case": "vLLM-CPU, study configuration, second host",
+    "vllm_cpu_choice_case": "vLLM-CPU, loaded for choices",
+    "vllm_cpu_custom_case": "vLLM-CPU, your own scheduler",
+    "vllm_cpu_rq7_case": "vLLM-CPU, RQ7 schedulers",
+    "h200_study_case": "H200, study configuration",
 }
+# a case's set-up (its tuning, profile and cost) by the case's name
+LABELS.update({k.removesuffix("_case"): v for k, v in list(LABELS.items()) if k.endswith("_case")})
 
 
 def _source_labels() -> dict:
     from .book import SOURCE_LABELS
     return SOURCE_LABELS
+
+
+def window_label(window_id: str) -> str:
+    """A frozen window's id as a reader reads it: ``azure_llm_2024_pilot_v2_w10`` → "Azure window w10"
+    (the source's display name and the window's number; a sub-window keeps its block, "… w10, block 2")."""
+    import re
+
+    m = re.fullmatch(r"(.+?)_(?:pilot_v2|stage0)_(w\d+)(?:_n\d+_(\d+))?", str(window_id))
+    if not m:
+        return str(window_id)
+    block = f", block {int(m.group(3)) + 1}" if m.group(3) is not None else ""
+    return f"{label(m.group(1))} window {m.group(2)}{block}"
 
 
 def label(identifier) -> str:

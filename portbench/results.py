@@ -355,12 +355,17 @@ def _write(path: Path, value) -> None:
 RECORDED_LABELS = {"vllm_priority": "vllm_v1_priority"}
 
 
+def recorded_labels(frame: pd.DataFrame) -> pd.DataFrame:
+    """A real-engine case's table with its policy names read under today's (:data:`RECORDED_LABELS`)."""
+    if "policy" in frame.columns:
+        frame["policy"] = frame["policy"].replace(RECORDED_LABELS)
+    return frame
+
+
 def _part(name: str, doc: str):
     def read(self):
         value = _read(self.path(name))
-        if isinstance(value, pd.DataFrame) and "policy" in value.columns:
-            value["policy"] = value["policy"].replace(RECORDED_LABELS)
-        return value
+        return recorded_labels(value) if isinstance(value, pd.DataFrame) else value
     read.__doc__ = doc
     return functools.cached_property(read)
 

@@ -170,7 +170,7 @@ def agreement_shown(tables_: dict, names: list[str]):
 # --- 1. the cost model, refitted to the real engine's step profile ----------------------------------
 def opening(ch: Chapter) -> Section:
     return Section(numbers={"fid_base_engine": ch.engine_model, "fid_calibrated_engine": ch.calibrated_engine_model,
-                            "fid_real_tag": ch.real_engine_tag,
+                            "fid_real_tag": present.label(ch.real_engine_tag),
                             "fid_calibrated_state": "present" if ch.calibrated_path.exists() else "not run yet"})
 
 

@@ -79,12 +79,12 @@ def provenance_line(cases: Cases, tag: str) -> str:
     """One markdown bullet on case ``tag``: engine, host, model, windows, λ_ref search, date, guard."""
     meta = cases[tag].meta
     if meta is None:
-        return f"- **{tag}**: no provenance file"
+        return f"- **{present.label(tag)}** (`{tag}`): no provenance file"
     env, case = meta.get("environment", {}), meta.get("case", {})
     shape = env.get("model_shape", {})
     model = (f"a random-weight {shape.get('n_layers')}-layer, {shape.get('hidden_size')}-wide Llama "
              f"({shape.get('dtype')})" if shape else "model not recorded")
-    return (f"- **{tag}**: {env.get('engine', meta.get('backend', '?'))} {env.get('engine_version', '')} "
+    return (f"- **{present.label(tag)}** (`{tag}`): {env.get('engine', meta.get('backend', '?'))} {env.get('engine_version', '')} "
             f"on {env.get('device', '?')}, {model}; {case.get('n_per_source', '?')} windows per source "
             f"({', '.join(source_label(s) for s in case.get('sources', []))}) at {case.get('region', '?')}; "
             f"λ_ref from a {case.get('bisection_steps', '?')}-step bisection; run {env.get('date', '?')[:10]}; "
@@ -123,7 +123,7 @@ def deltas(cases: Cases, sim_table: pd.DataFrame, engine_model: str, *, n_resamp
         frames.append(case_deltas(runs, tag, n_resamples=n_resamples, seed=seed))
         # the simulator's prediction for the very same windows
         frames.append(case_deltas(sim_cells(sim_table, runs["window_id"]),
-                                  f"simulator ({engine_model}) on the windows of {tag}", n_resamples=n_resamples,
+                                  f"simulator ({engine_model}) on the windows of {present.label(tag)}", n_resamples=n_resamples,
                                   seed=seed))
     frames.append(case_deltas(sim_cells(sim_table), f"simulator ({engine_model}), all windows",
                               n_resamples=n_resamples, seed=seed))
@@ -168,7 +168,7 @@ def verdict_lines(verdict: pd.DataFrame, case_sources, control_sources) -> list[
         if case.empty:
             continue
         c = case.iloc[0]
-        sentence = (f"**{engine}**: {policy_a} − {policy_b} ANWG is {present.signed(c['d_first'], 3)} on "
+        sentence = (f"**{present.label(engine)}**: {policy_a} − {policy_b} ANWG is {present.signed(c['d_first'], 3)} on "
                     f"{source_label(c['first'])} and {present.signed(c['d_second'], 3)} on "
                     f"{source_label(c['second'])}; the classifier calls the case ({pair_label(*case_sources)}) "
                     f"**{present.label(c['cls'])}**")
@@ -286,7 +286,7 @@ def _head_sentence(r: Readings, pp: pd.DataFrame) -> str:
     deltas_text = present.join([f"{present.signed(d.loc[(d['engine'] == r.head_tag) & (d['source'] == s), 'delta'].iloc[0], 3)} "
                                 f"on {source_label(s)}" for s in r.order
                                 if ((d["engine"] == r.head_tag) & (d["source"] == s)).any()])
-    return (f"On the real engine — the {r.head_tag} runs, {host} — {policy_a} − {policy_b} mean ANWG at "
+    return (f"On the real engine — the {present.label(r.head_tag)} runs, {host} — {policy_a} − {policy_b} mean ANWG at "
             f"{CASE_REGION} is {deltas_text}; the reversal classifier's verdict on the case "
             f"({pair_label(*r.case_sources)}) is {r.summary['real_case_class']}, on the control "
             f"({pair_label(*r.control_sources)}) {r.summary['real_control_class']}. Per policy, mean ANWG is "
@@ -343,7 +343,7 @@ def limits_reading(r: Readings, tag: str, what: str) -> str:
         ratio = runs["probe_ref_s"].median() / r.cases.runs(r.head_tag)["probe_ref_s"].median()
         host = (f"; on another host, {device.removeprefix('cpu (').removesuffix(')')}, whose fixed probe "
                 f"took {present.num(ratio, 2)}× the headline host's")
-    return (f" {what} ({tag}: {runs['window_id'].nunique()} windows, {len(runs)} runs, {refusals}{host}), "
+    return (f" {what} ({present.label(tag)}: {runs['window_id'].nunique()} windows, {len(runs)} runs, {refusals}{host}), "
             f"{policy_a} − {policy_b} is "
             + present.join([f"{present.signed(d.loc[s_, 'delta'], 3)} on {source_label(s_)}"
                             for s_ in r.order if s_ in d.index])
@@ -486,6 +486,46 @@ def short_finding(real_row: pd.DataFrame, pred_row: pd.DataFrame, camp_rows: dic
     return short
 
 
+def _verdict_groups(real_row: pd.DataFrame, rehost_row: pd.DataFrame | None) -> dict:
+    """Sources by their reading of the A100's sign: "same sign", "opposite sign", "no difference
+    beyond ±0.005" or "not settled" (:func:`settled`), each source as (name, row, where); a source
+    the first case leaves unsettled takes the second host's reading when that settles it."""
+    groups: dict[str, list] = {}
+    for s_ in [s_ for s_ in ("burstgpt", "bailian_qwen", "azure_llm_2024") if s_ in real_row.index]:
+        row, where = real_row.loc[s_], ""
+        if settled(row) == "not settled" and rehost_row is not None and s_ in rehost_row.index \
+                and settled(rehost_row.loc[s_]) != "not settled":
+            row, where = rehost_row.loc[s_], " on a second host"
+        state = settled(row)
+        if state == "sign settled":
+            state = "same sign" if np.sign(row["delta"]) == np.sign(ORIGINAL[s_]) else "opposite sign"
+        groups.setdefault(state, []).append((source_label(s_), row, where))
+    return groups
+
+
+def verdict(real_row: pd.DataFrame, rehost_row: pd.DataFrame | None = None) -> str:
+    """RQ6's answer in plain words, at most 80: per source, whether the A100's sign of
+    ``slai_faithful − vllm_faithful`` appears on vLLM in the study's configuration, with intervals."""
+    words = {"same sign": "appears on", "opposite sign": "is reversed on",
+             "no difference beyond ±0.005": "is absent (no difference beyond ±0.005) on",
+             "not settled": "is not settled by the runs on"}
+    parts = [words[k] + " " + present.join(
+        [f"{name}{where} ({present.signed(row['delta'], 3)}, 95% CI {present.signed(row['ci_low'], 3)} to "
+         f"{present.signed(row['ci_high'], 3)})" for name, row, where in v])
+        for k, v in _verdict_groups(real_row, rehost_row).items()]
+    text = ("On vLLM in the study's configuration (CPU build, tiny model), the A100's finding that "
+            "slai_faithful scores below vllm_faithful " + "; it ".join(parts) + ".")
+    n_words = len(text.split())
+    assert n_words <= 80, f"the RQ6 verdict has {n_words} words (at most 80)"
+    return text
+
+
+def verdict_brief(real_row: pd.DataFrame, rehost_row: pd.DataFrame | None = None) -> str:
+    """:func:`verdict` without numbers: each reading with its sources."""
+    return "; ".join(f"{k}: {present.join([name + where for name, _, where in v])}"
+                     for k, v in _verdict_groups(real_row, rehost_row).items())
+
+
 def robust_clause(real_row: pd.DataFrame, steady_row: pd.DataFrame | None, order_src) -> str:
     """A sentence naming each source whose verdict (:func:`settled`) differs on the host-steady runs,
     with that reading's interval; '' when none does (or there is no such reading)."""
@@ -607,7 +647,7 @@ def gpu_verdict(case: results.Case, b: GpuBudget, *, windows_per_source: int, re
         f"contradicts the A100's "
         + " / ".join(present.signed(ORIGINAL[s_], 3) for s_ in CASE_SOURCES)
         + f" ({' / '.join(source_label(s_) for s_ in CASE_SOURCES)}). "
-        + (f"The λ_ref search of {present.join(pinned)} ended pinned at its low bound (the knee lies below "
+        + (f"The λ_ref search of {present.join([present.window_label(w) for w in pinned])} ended pinned at its low bound (the knee lies below "
            f"λ = {present.num(min(lambdas[w]['lambda'] for w in pinned), 2)}), so that run "
            f"is above HIGH_PRESSURE, not at it. " if pinned else "")
         + f"Why so few: this engine takes a median {present.num(steps['duration_s'].median() * 1e3, 0)} ms a "

@@ -114,7 +114,7 @@ DISAGREEMENT_CLASSES = {
     RACE: "a request reached the two engines at different steps: the real serving loop reads its clock "
           "once, submits what has arrived by then and starts the step a little later, so a request "
           "arriving in between waits for the next step there, while the model, whose step starts at "
-          "the real step's start, counts it (where the requests log has ``submit_step``, the step "
+          "the real step's start, counts it (where the requests log has submit_step, the step "
           "each request was submitted before, this is read from the log; else inferred from an "
           "arrival between the real step before and this one)",
     SLAI_CLOCK: "the two SLAIs serve a different number of decodes: the real scheduler counts Θ in a "

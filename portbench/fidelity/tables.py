@@ -69,7 +69,7 @@ def load(tag: str, data_dir=None) -> dict:
     from .. import store
 
     paths = case_paths(tag, data_dir)
-    case = {name: pd.read_parquet(p) for name, p in paths.items()}
+    case = {name: results.recorded_labels(pd.read_parquet(p)) for name, p in paths.items()}
     case.setdefault("steps", pd.DataFrame())
     case["windows"] = {w.window_id: w for w in store.load_windows(
         data_dir, window_ids=sorted(set(case["runs"]["window_id"])))}
