@@ -6,72 +6,85 @@ request has a *last-schedulable time* ``lst = (time it was last served + TBT) - 
 each, at most ``decode_limit``), then in-flight prefill chunks, then admissions **shortest prompt
 first** (chunked), and only then the *non-critical* decodes, from whatever budget is left; decodes
 that get nothing are *held* for the step (they keep their KV blocks). Θ is 5 below 96% KV use, 10 at or
-above.
+above. Its admissions are booked on its own prompt-only block count and its prefill is a *shadow*
+(each prefill takes what budget the step has left).
 
-How it maps onto vLLM's :class:`vllm.v1.core.sched.scheduler.Scheduler` (read from vLLM 0.32.0's
-source; the scheduler API is not public and changes between releases):
+The port does not re-derive that rule: before each of vLLM's :meth:`schedule` calls it asks the
+simulator's policy itself (:class:`~portbench.realengine.slai_plan.SlaiPlan`: ``slai_faithful``'s
+code, on a view of vLLM's state: its running requests in vLLM's order, its waiting queue, the KV
+tokens computed, the clock), so that the step planned is the one the policy plans under the
+``vllm_v1`` engine model, shadow block count and shadow prefill included. vLLM then carries the
+decision out as ``vllm_v1`` does (read from vLLM 0.32.0's source; the scheduler API is not public
+and changes between releases):
 
-- **Shortest-prompt-first admission**: :meth:`add_request` sets ``request.priority`` to its prompt
-  length before it enters the waiting queue, and the engine runs with ``scheduling_policy="priority"``,
-  so vLLM's own waiting heap orders admissions by (prompt length, arrival, id).
-- **Critical decodes first, then prefill chunks**: before each :meth:`schedule` the running list is
-  reordered (critical decodes by LST, then partially prefilled requests in admission order, then the
-  non-critical decodes that will be served, by LST); vLLM's running pass walks it in that order. The
-  original admission order is restored afterwards, so nothing else in vLLM sees the reordering.
-- **Holding non-critical decodes when the budget is short**: the hook estimates what the prefill
-  chunks and the admissions (waiting queue in heap order, chunked, up to the sequence cap and the free
-  KV blocks) would take from the budget, and keeps only as many non-critical decodes as fit in the
-  rest; the others are taken out of ``self.running`` for that one :meth:`schedule` call and put back
-  at their place afterwards (no preemption, no KV freed, no state lost).
+- **Holds**: a held request stays in ``self.running`` (so it still counts for vLLM's sequence cap,
+  its request count and its choice of preemption victim, as in ``vllm_v1``), and vLLM's running pass
+  passes over it for this one call (its ``next_decode_eligible_step`` is set past the step, then
+  restored). The other running requests are walked in vLLM's own order (admission order), each
+  taking what vLLM gives it (its chunk, the long-prefill cap, KV blocks; preemption is vLLM's).
+- **Admissions**: vLLM's waiting pass walks the policy's proposals, in the policy's order (shortest
+  prompt first, then arrival), and nothing else: for the call its waiting queue is a FCFS queue of
+  them; the other waiting requests wait in the real queue, put back afterwards. vLLM stops at the
+  first that does not fit (head-of-line: KV blocks, with ``scheduler_reserve_full_isl`` those of the
+  whole prompt; the sequence cap; the budget), as ``vllm_v1`` stops.
+- **Priorities**: :meth:`add_request` sets ``request.priority`` to the prompt length (the priority
+  :mod:`~portbench.realengine.vllm_settings` states for ``slai_faithful``), with
+  ``scheduling_policy="priority"``: vLLM's waiting heap is then in the policy's order, and vLLM's
+  preemption victim is the running request with the largest (prompt, arrival), ``vllm_v1``'s.
 - **LST** uses the real clock (``time.monotonic``; :meth:`SlaiScheduler.slai_use_clock` gives it
   another, e.g. ``vllm_native``'s virtual one); ``step`` in ``Θ·step`` is an exponential moving
   average of the measured interval between consecutive busy scheduler calls (the engine's real step
-  time), started from the study's 1 ms; ``tbt_s`` (default 0.5 s, the study's single TBT tier) is in
-  real seconds. A decode's LST is refreshed whenever vLLM actually scheduled it.
+  time), started from the study's 1 ms (``step_ema=0``: the rule's fixed step, as in the simulator);
+  ``tbt_s`` (default 0.5 s, the study's single TBT tier) is in real seconds.
 
 What could not be expressed (the gaps, also listed in :data:`GAPS`):
 
-1. vLLM schedules the *running* pass before the *waiting* pass, so SLAI's "admissions before
-   non-critical decodes" is an estimate made before the step: if vLLM admits less than estimated (e.g.
-   KV blocks needed by decodes, encoder or connector limits), some decodes were held for nothing; if
-   more, admissions can take budget that SLAI would have given to decodes.
-2. vLLM still preempts (recompute) when a running request finds no free KV block; the simulator's SLAI
-   never preempts. With the priority policy the victim is the running request with the largest
-   (priority, arrival), i.e. the longest prompt. Size the KV cache so this does not happen and check
-   ``n_preemptions``.
-3. Admission is head-of-line in vLLM (a request that finds no KV blocks stops admission), as in the
-   simulator's SLAI; but the block watermark of the simulator is not vLLM's (vLLM reserves blocks as
-   chunks are scheduled, not the whole prompt up front).
-4. TBT tiers: every request has the study's single tier; per-request TBT classes would need a field on
+1. The plan is SLAI's, on SLAI's own books: its admissions pass its prompt-only block count and its
+   shadow prefill, which do not see vLLM's KV blocks, full-sequence reservation or long-prefill cap.
+   vLLM may then refuse a planned admission (decodes were held for it for nothing) or prefill less
+   than the shadow; ``vllm_v1`` does the same with the same plan, so the two agree step for step.
+2. vLLM still preempts (recompute) when a running request finds no free KV block; the simulator's
+   SLAI never preempts (``vllm_v1`` preempts as vLLM does). Size the KV cache so this does not
+   happen and check ``n_preemptions``.
+3. TBT tiers: every request has the study's single tier; per-request TBT classes would need a field on
    vLLM's ``Request`` (``priority`` is already used for the prompt length).
-5. Prefill is real here (the simulator's SLAI treats prefill as a free "shadow"), so a long prompt's
+4. Prefill is real here (the simulator's SLAI treats prefill as a free "shadow"), so a long prompt's
    chunks really do take the budget for several steps.
+5. On the real engine the plan reads the wall clock and Θ counts a measured step, so its holds
+   follow the machine's speed; on ``vllm_native`` it reads the virtual clock and the rule's step.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 
+from vllm.v1.core.sched.request_queue import SchedulingPolicy, create_request_queue
 from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.request import RequestStatus
 
 from ..policies.slai_faithful import SLAI, SlaiRule
+from .slai_plan import SlaiPlan, plan_model
 
 QUALNAME = "portbench.realengine.vllm_slai_scheduler.SlaiScheduler"
 
 GAPS = (
-    "running pass precedes waiting pass in vLLM: admission budget for non-critical-decode holds is "
-    "estimated before the step",
+    "the plan is slai_faithful's own (its prompt-only block count and shadow prefill): vLLM's KV "
+    "blocks, full-sequence reservation and long-prefill cap decide what its admissions and prefills "
+    "get, as in the vllm_v1 model",
     "vLLM may still preempt (recompute) on KV exhaustion; SLAI never preempts",
-    "KV admission check is vLLM's incremental block allocation, not the simulator's prompt watermark",
     "single TBT tier for every request (Request.priority carries the prompt length)",
     "prefill costs real time (the simulator's SLAI prefill is a free shadow)",
+    "on the real engine LSTs read the wall clock and Θ counts the measured step",
 )
+
+#: The policy's own parameters besides its rule (``SlaiFaithful``'s block manager and sequence cap).
+POLICY_PARAMS = ("max_num_seqs", "block_size", "watermark")
 
 
 class SlaiScheduler(Scheduler):
-    """vLLM v1 scheduler with SLAI's decode holds and shortest-prompt-first admission.
+    """vLLM v1 scheduler that carries out ``slai_faithful``'s own plan of each step: its holds and
+    its shortest-prompt-first admissions (:class:`~portbench.realengine.slai_plan.SlaiPlan`).
 
     Parameters live as attributes (set them with :meth:`slai_configure`; the engine builds the
     scheduler itself, so the constructor keeps vLLM's signature).
@@ -80,7 +93,9 @@ class SlaiScheduler(Scheduler):
     rule: SlaiRule = SLAI               # SLAI's parameters and rule, shared with the simulator
     step_ema: float = 0.2               # smoothing of the measured step length Θ counts (0: the rule's)
     clock = staticmethod(time.monotonic)  # now, in seconds
-    _n_held: int = 0                    # decodes held out of ``running`` during vLLM's schedule()
+    policy_params: dict = {}            # the policy's max_num_seqs (default: the engine's), block
+                                        # size and watermark (see slai_configure)
+    _stash = None                       # the real waiting queue, while vLLM walks the plan's proposals
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -88,13 +103,18 @@ class SlaiScheduler(Scheduler):
 
     # -- configuration and counters -------------------------------------------------------------
     def slai_configure(self, **params) -> None:
+        """SLAI's rule parameters (:class:`SlaiRule`'s fields), ``step_ema``, and the policy's own
+        ``max_num_seqs``, ``block_size``, ``watermark`` (its block manager's)."""
         if "step_ema" in params:
             self.step_ema = params.pop("step_ema")
+        own = {k: params.pop(k) for k in POLICY_PARAMS if k in params}
         known = {f.name for f in dataclasses.fields(SlaiRule)}
         for key in params:
             if key not in known:
-                raise KeyError(f"unknown SLAI parameter {key!r}; known: {', '.join(sorted(known))}, step_ema")
+                raise KeyError(f"unknown SLAI parameter {key!r}; known: {', '.join(sorted(known))}, "
+                               f"step_ema, {', '.join(POLICY_PARAMS)}")
         self.rule = dataclasses.replace(SLAI, **params)
+        self.policy_params = own
         self.slai_reset()
 
     def slai_use_clock(self, clock) -> None:
@@ -104,130 +124,137 @@ class SlaiScheduler(Scheduler):
         self.slai_reset()
 
     def slai_reset(self) -> None:
-        """Forget LSTs, the step estimate and the counters (between replays on one engine)."""
-        self._lst: dict[str, float] = {}
-        self._step_s = float(self.rule.step_s)       # the first estimate: the study's 1 ms
+        """A fresh plan (the policy reset), step estimate and counters (between replays on one engine)."""
+        sc = self.scheduler_config
+        model = plan_model(max_kv_tokens=(self.kv_cache_config.num_blocks - 1) * self.block_size,
+                           max_active_sequences=sc.max_num_seqs,
+                           max_num_batched_tokens=self.max_num_scheduled_tokens,
+                           enable_chunked_prefill=sc.enable_chunked_prefill, block_size=self.block_size)
+        params = {"max_num_seqs": sc.max_num_seqs, **self.policy_params}
+        self._plan = SlaiPlan(model, self.rule, self._waiting_ids, self._decoded, **params)
+        self._index: dict[str, int] = {}        # vLLM's request id -> the plan's request id
+        self._request_of: list = []             # the plan's request id -> vLLM's request
+        self._step_s = float(self.rule.step_s)  # the first estimate: the study's 1 ms
         self._last_call: float | None = None
-        self.slai_stats = {"calls": 0, "critical_decodes": 0, "held_decodes": 0,
-                           "steps_with_holds": 0, "reordered_steps": 0}
+        self.slai_stats = {"calls": 0, "held_decodes": 0, "steps_with_holds": 0,
+                           "proposed_admissions": 0, "admitted": 0, "steps_with_refusals": 0}
 
     def get_request_counts(self) -> tuple[int, int]:
-        """vLLM's (running, waiting) counts, the decodes SLAI holds out of ``running`` for this step
-        counted as running: vLLM lifts ``long_prefill_token_threshold`` only when a single request is
-        in the engine, and a held decode is one."""
+        """vLLM's (running, waiting) counts; while vLLM walks the plan's proposals, the requests
+        waiting apart from them count as waiting too (vLLM lifts ``long_prefill_token_threshold``
+        only when a single request is in the engine)."""
         running, waiting = super().get_request_counts()
-        return running + self._n_held, waiting
+        if self._stash is not None:
+            waiting += len(self._stash) - len(self.waiting)
+        return running, waiting
 
-    # -- admission order ------------------------------------------------------------------------
+    # -- requests and the plan's ids ------------------------------------------------------------
     def add_request(self, request) -> None:
-        if request.request_id not in self.requests:
+        new = request.request_id not in self.requests
+        if new:
             # shortest prompt first: the priority vllm_settings states for slai_faithful
             # (priority="prompt"), which vllm_v1 reads for its preemption victim; set here too so
             # that the port keeps its order when plugged in with --scheduler-cls alone (a test
             # checks that the two agree)
             request.priority = int(request.num_prompt_tokens)
         super().add_request(request)
+        if new and request.request_id in self.requests:
+            self._id_of(request, waiting=True)
+
+    def _id_of(self, request, waiting: bool = False) -> int:
+        """The plan's id of ``request``, described to the plan when first seen (``waiting``: it is in
+        the waiting queue)."""
+        i = self._index.get(request.request_id)
+        if i is None:
+            i = self._plan.arrive(int(request.num_prompt_tokens), float(request.arrival_time), waiting)
+            self._index[request.request_id] = i
+            self._request_of.append(request)
+        return i
+
+    def _waiting_ids(self) -> list:
+        """The waiting requests' plan ids, in vLLM's queue order."""
+        return [self._index[r.request_id] for r in self.waiting]
+
+    def _decoded(self, ids) -> list:
+        """The tokens each of the plan's ``ids`` has produced (kept by vLLM across preemptions)."""
+        request_of = self._request_of
+        return [request_of[i].num_output_tokens for i in ids]
+
+    def _sync_queue(self) -> None:
+        """Tell the plan of waiting requests that left the queue other than by admission (aborted)
+        or joined it unseen: only when the counts disagree (admissions and preemptions are told as
+        they happen)."""
+        plan = self._plan
+        if len(self.waiting) != len(plan.in_queue):
+            plan.resync({self._id_of(r) for r in self.waiting})
 
     # -- the step -------------------------------------------------------------------------------
-    def _estimate_admission_tokens(self, budget_left: int, n_running: int) -> int:
-        """Tokens vLLM's waiting pass would take this step, walking the queue in heap order. A request
-        goes in when its first chunk's blocks are free, or, with vLLM's ``scheduler_reserve_full_isl``
-        (0.32's default), those of its whole sequence (the blocks a prefix-cache hit would save are
-        not counted); the KV manager's watermark is kept free once a request is scheduled."""
-        used = 0
-        seqs = n_running
-        chunked = self.scheduler_config.enable_chunked_prefill
-        full = getattr(self.scheduler_config, "scheduler_reserve_full_isl", False)
-        kvm = self.kv_cache_manager
-        try:
-            free_blocks = kvm.block_pool.get_num_free_blocks()
-        except AttributeError:                  # a different KV manager: skip the block check
-            free_blocks = math.inf
-        for req in self.waiting:
-            if used >= budget_left or seqs >= self.max_num_running_reqs:
-                break
-            need = req.num_tokens - req.num_computed_tokens
-            take = min(need, budget_left - used)
-            if not chunked and need > budget_left - used:
-                break
-            blocks = -(-(req.num_computed_tokens + take) // self.block_size)
-            gate = -(-min(req.num_tokens, self.max_model_len) // self.block_size) if full else blocks
-            if seqs:
-                gate += getattr(kvm, "watermark_blocks", 0)
-            if max(gate, blocks) > free_blocks:
-                break
-            free_blocks -= blocks
-            used += take
-            seqs += 1
-        return used
-
-    def schedule(self, *args, **kwargs):
-        now = self.clock()
-        if self._last_call is not None and self.running:
+    def _measure_step(self, now: float) -> None:
+        """Θ's step: the moving average of the interval between busy calls (``step_ema`` > 0)."""
+        if self.step_ema and self._last_call is not None and self.running:
             dt = now - self._last_call
             if dt < 1.0:                         # a busy engine: the interval is one real step
                 self._step_s += self.step_ema * (dt - self._step_s)
+                self._plan.use_step(self._step_s)
         self._last_call = now
-        self.slai_stats["calls"] += 1
 
-        rule = self.rule
-        fresh = rule.last_schedule_time(now, self.get_kv_cache_usage(), self._step_s)
-        lst = self._lst
-        for rid in [r for r in lst if r not in self.requests]:
-            del lst[rid]                         # finished or aborted
+    def schedule(self, *args, **kwargs):
+        now = self.clock()
+        self._measure_step(now)
+        self._sync_queue()
+        running = self.running
+        ids = [self._id_of(r) for r in running]
+        decision = self._plan.decide(now, ids, sum(r.num_computed_tokens for r in running))
+        return self._carry_out(decision, args, kwargs)
 
-        decoding, prefilling = [], []
-        for req in self.running:
-            # Decoding: the whole prompt computed and one token to go. A prompt's last chunk of
-            # one token is still prefill (the simulator's SLAI serves it with the prefill chunks).
-            done = req.num_computed_tokens
-            (decoding if done >= req.num_prompt_tokens and req.num_tokens - done <= 1 else prefilling).append(req)
-        for req in decoding:
-            lst.setdefault(req.request_id, fresh)
-        decoding.sort(key=lambda r: lst[r.request_id])
-        critical, non_critical = rule.split(decoding, lambda r: lst[r.request_id], now)
-
-        budget = self.max_num_scheduled_tokens
-        served = critical[:rule.decode_limit]
-        used = len(served)
-        for req in prefilling:
-            used += min(req.num_tokens - req.num_computed_tokens, max(budget - used, 0))
-        used += self._estimate_admission_tokens(max(budget - used, 0), len(self.running))
-        room = max(0, min(budget - used, rule.decode_limit - len(served)))
-        served_nc = non_critical[:room]
-        held = critical[rule.decode_limit:] + non_critical[room:]
-        self.slai_stats["critical_decodes"] += len(critical)
-
-        order = served + prefilling + served_nc
-        original = self.running
-        if held or order != original:
-            self.slai_stats["reordered_steps"] += 1
-            if held:
-                self.slai_stats["held_decodes"] += len(held)
-                self.slai_stats["steps_with_holds"] += 1
-            held_ids = {id(r) for r in held}
-            self.running = list(order)
-            # Held requests still occupy a sequence slot: shrink the caps for this call. And they
-            # are still in the engine: vLLM's request count (get_request_counts) keeps them.
-            caps = (self.max_num_running_reqs, self.max_num_active_reqs)
-            self.max_num_running_reqs -= len(held)
-            self.max_num_active_reqs -= len(held)
-            self._n_held = len(held)
-            try:
-                out = super().schedule(*args, **kwargs)
-            finally:
-                self.max_num_running_reqs, self.max_num_active_reqs = caps
-                self._n_held = 0
-                after = self.running
-                after_ids = {id(r) for r in after}
-                before_ids = {id(r) for r in original}
-                self.running = ([r for r in original if id(r) in after_ids or id(r) in held_ids]
-                                + [r for r in after if id(r) not in before_ids])
-        else:
+    def _carry_out(self, decision, args, kwargs):
+        """vLLM's :meth:`schedule` with ``decision``'s holds passed over and only its admissions
+        walked, in its order (see the module's docstring)."""
+        if decision.preempt:
+            raise RuntimeError("slai_faithful preempted: its vLLM port carries out holds and admissions only")
+        request_of = self._request_of
+        held = [request_of[i] for i in decision.hold]
+        admit = [r for r in (request_of[i] for i in decision.admit)
+                 if r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)]
+        # schedule() counts this call as step current_step + 1: eligible again at the next one
+        saved = [(r, r.next_decode_eligible_step) for r in held]
+        for r, eligible in saved:
+            r.next_decode_eligible_step = max(eligible, self.current_step + 2)
+        stash, queue = self.waiting, create_request_queue(SchedulingPolicy.FCFS)
+        for r in admit:
+            queue.add_request(r)
+        self.waiting, self._stash = queue, stash
+        try:
             out = super().schedule(*args, **kwargs)
-
-        scheduled = out.num_scheduled_tokens
-        for req in decoding:
-            if req.request_id in scheduled:
-                lst[req.request_id] = fresh
+        finally:
+            self.waiting, self._stash = stash, None
+            for r, eligible in saved:
+                r.next_decode_eligible_step = eligible
+            taken = self._put_back(queue, admit)
+        stats = self.slai_stats
+        stats["calls"] += 1
+        stats["held_decodes"] += len(held)
+        stats["steps_with_holds"] += bool(held)
+        stats["proposed_admissions"] += len(admit)
+        stats["admitted"] += taken
+        stats["steps_with_refusals"] += taken < len(admit)
         return out
+
+    def _put_back(self, queue, admit: list) -> int:
+        """After vLLM's call: the admitted proposals leave the real waiting queue, the requests vLLM
+        preempted in the call (put in ``queue``) join it, and the plan is told. Returns the number
+        admitted."""
+        plan, index = self._plan, self._index
+        left = {id(r) for r in queue}
+        proposed = {id(r) for r in admit}
+        taken = [r for r in admit if id(r) not in left]
+        if taken:
+            self.waiting.remove_requests(taken)
+            for r in taken:
+                plan.left_queue(index[r.request_id])
+        back = [r for r in queue if id(r) not in proposed]
+        for r in reversed(back):                 # (a FCFS queue keeps their order)
+            self.waiting.prepend_request(r)
+        for r in back:
+            plan.joined_queue(self._id_of(r))
+        return len(taken)
