@@ -200,13 +200,10 @@ glue("rq3_top1_agreement_ties", headlines.value(three, engine_model, "agreement_
      display=False)
 robust_agree = [r["agreement_robust"] for r in three.values() if r is not None]
 # the introduction's "what holds" row: the best policy changes with the metric (in most comparisons)
-glue("rq3_claim_study", headlines.value(three, "lssp", "agreement", lambda v: f"changes in {pct1(1 - v)}"),
-     display=False)
-glue("rq3_claim_robust", headlines.value(three, "lssp", "agreement_robust", lambda v: f"changes in {pct1(1 - v)}"),
-     display=False)
-for e in headlines.HEADLINE_ENGINES:
-    glue(f"rq3_holds_{e}", headlines.value(three, e, "agreement_robust", lambda v: "holds" if v < 0.5 else "fails"),
-         display=False)
+changes = lambda v: f"changes in {pct1(1 - v)}"
+for k, v in headlines.claim_cells(three, ("agreement", changes), ("agreement_robust", changes),
+                                  lambda r: r["agreement_robust"] < 0.5).items():
+    glue(f"rq3_{k}", v, display=False)
 glue("rq3_verdict", ("The best policy usually changes with the metric, under both engine models."
                      if max(robust_agree) < 0.5 else
                      "Most pairs of metrics agree on a best policy once ties count as ties; the study's "

@@ -169,12 +169,10 @@ for e in headlines.HEADLINE_ENGINES:
 glue("rq5_min_p_top1_at_10_ties", headlines.value(three, engine_model, "min_p_robust", p2), display=False)
 lowest = min(r["min_p_robust"] for r in three.values() if r is not None)
 # the introduction's "what holds" row: 10 windows do not reliably name the best policy
-glue("rq5_claim_study", headlines.value(three, "lssp", "min_p", lambda v: f"lowest recovery {p2(v)}"), display=False)
-glue("rq5_claim_robust", headlines.value(three, "lssp", "min_p_robust", lambda v: f"lowest recovery {p2(v)}"),
-     display=False)
-for e in headlines.HEADLINE_ENGINES:
-    glue(f"rq5_holds_{e}", headlines.value(three, e, "min_p_robust",
-                                           lambda v: "holds" if v < recovery_threshold else "fails"), display=False)
+lowest_p = lambda v: f"lowest recovery {p2(v)}"
+for k, v in headlines.claim_cells(three, ("min_p", lowest_p), ("min_p_robust", lowest_p),
+                                  lambda r: r["min_p_robust"] < recovery_threshold).items():
+    glue(f"rq5_{k}", v, display=False)
 glue("rq5_verdict", ("Ten windows per source suffice to name the best policy, under both engine models."
                      if lowest >= recovery_threshold else
                      "Ten windows per source do not always suffice to name the best policy, even with ties "

@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from . import results, store
+from .stored import source_fingerprint
 from .engine import engine_model, simulate
 from .metrics import METRICS, cell_metrics
 from .policies import STUDY_POLICIES, make_policy
@@ -72,6 +73,10 @@ class CampaignConfig:
     ``knee``: which knee λ_ref is (:data:`portbench.regions.KNEES`): the study's, or the attainable
     knee, where requests that no scheduler can meet at a load are left out of its miss count. A
     campaign at the attainable knee is tagged ``attainable_knee`` unless it has a tag of its own.
+
+    ``lambda_ref_from``: the table name (:attr:`table_name`) of another campaign whose λ_ref each
+    window takes instead of being calibrated (its λ_ref file must be on disk): two configurations
+    then run at the same absolute loads (RQ9's cache on at the cache-off knee). Needs a ``tag``.
     """
 
     engine_model: str = "lssp"
@@ -84,8 +89,11 @@ class CampaignConfig:
     engine_options: tuple = ()
     tag: str = ""
     knee: str = "study"
+    lambda_ref_from: str = ""
 
     def __post_init__(self):
+        if self.lambda_ref_from and not self.tag:
+            raise ValueError("a campaign that borrows λ_ref (lambda_ref_from) needs a tag (it names the table)")
         if self.knee not in KNEES:
             raise ValueError(f"unknown knee {self.knee!r}; knees: {', '.join(KNEES)}")
         if self.knee != "study" and not self.tag:
@@ -140,18 +148,8 @@ _OWN_MODEL_FILES = {"engine/vllm_native.py": "vllm_native"}
 def code_fingerprint(engine_model: str | None = None) -> str:
     """sha256 over the source of the modules that decide ``engine_model``'s results (every engine
     model's shared code, and a file of :data:`_OWN_MODEL_FILES` only for its own model)."""
-    root = Path(__file__).resolve().parent
-    h = hashlib.sha256()
-    for name in _RESULT_MODULES:
-        path = root / name
-        files = sorted(path.rglob("*.py")) if path.is_dir() else [path]
-        for f in files:
-            own = _OWN_MODEL_FILES.get(f.relative_to(root).as_posix())
-            if own is not None and own != engine_model:
-                continue
-            h.update(f.relative_to(root).as_posix().encode())
-            h.update(f.read_bytes())
-    return h.hexdigest()
+    return source_fingerprint(_RESULT_MODULES, leave_out={f for f, own in _OWN_MODEL_FILES.items()
+                                                          if own != engine_model})
 
 
 def shard_key(window: Window, config: CampaignConfig, slo_multiplier: float, fingerprint: str) -> str:
@@ -168,6 +166,8 @@ def shard_key(window: Window, config: CampaignConfig, slo_multiplier: float, fin
         payload["prediction_error"] = config.prediction_error
     if config.knee != "study":
         payload["knee"] = config.knee
+    if config.lambda_ref_from:
+        payload["lambda_ref_from"] = config.lambda_ref_from
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
@@ -240,10 +240,10 @@ class CampaignSummary:
                 f"({rate:.0f} cells/s) -> {self.path}")
 
 
-def _task(window, config, fingerprint, jobs):
-    """One window: calibrate once, then each (shard, SLO multiplier, cells) job; returns
-    ``[(shard, frame)]``. Picklable for pools/Dask."""
-    lam = calibrate(window, config).lambda_ref
+def _task(window, config, fingerprint, jobs, lambda_ref=None):
+    """One window: calibrate once (unless ``lambda_ref`` is given), then each (shard, SLO multiplier,
+    cells) job; returns ``[(shard, frame)]``. Picklable for pools/Dask."""
+    lam = lambda_ref if lambda_ref is not None else calibrate(window, config).lambda_ref
     return [(stem, run_window(window, config, slo, fingerprint, cells, lam)) for stem, slo, cells in jobs]
 
 
@@ -264,7 +264,8 @@ def run_campaign(config: CampaignConfig | None = None, *, data_dir: Path | None 
     cache = results.ShardCache(cache_dir(config.table_name, data_dir, config.prediction_error),
                                RESULT_COLUMNS, merge_on=("region", "policy"))
     wanted = [(r, p) for r in config.regions for p in config.policies]
-    todo: dict[str, tuple] = {}           # window_id -> (window, config, fingerprint, [(stem, slo, cells)])
+    borrowed = borrowed_lambda_refs(config, windows, data_dir)
+    todo: dict[str, tuple] = {}           # window_id -> (window, config, fingerprint, [(stem, slo, cells)], λ_ref)
     for w in windows:
         for slo in config.slo_multipliers:
             stem = results.shard_stem(w.window_id, slo)
@@ -272,9 +273,10 @@ def run_campaign(config: CampaignConfig | None = None, *, data_dir: Path | None 
             have = set() if shard is None else set(zip(shard["region"], shard["policy"]))
             missing = [c for c in wanted if c not in have]
             if missing:
-                todo.setdefault(w.window_id, (w, config, fingerprint, []))[3].append((stem, slo, missing))
+                todo.setdefault(w.window_id, (w, config, fingerprint, [], borrowed.get(w.window_id)))[3].append(
+                    (stem, slo, missing))
     n_reused = sum(len(f) for f in cache.frames.values())
-    n_new_cells = sum(len(cells) for *_, jobs in todo.values() for _, _, cells in jobs)
+    n_new_cells = sum(len(cells) for _, _, _, jobs, _ in todo.values() for _, _, cells in jobs)
     run_sharded(_task, list(todo.values()), cache, executor=executor, workers=workers, address=address,
                 progress=progress, total=n_new_cells, unit="cell", desc=f"campaign [{config.table_name}]")
 
@@ -286,6 +288,23 @@ def run_campaign(config: CampaignConfig | None = None, *, data_dir: Path | None 
                                                                config.prediction_error, beside=path))
     return CampaignSummary(len(table), n_new_cells, n_reused, len(windows),
                            time.perf_counter() - t0, path, table)
+
+
+def borrowed_lambda_refs(config: CampaignConfig, windows, data_dir: Path | None = None) -> dict:
+    """window_id → λ_ref from the campaign ``config.lambda_ref_from`` names ({} when it names none);
+    a clear error when that campaign's λ_ref file or one of the windows is missing."""
+    if not config.lambda_ref_from:
+        return {}
+    path = results.lambda_ref_path(config.lambda_ref_from, data_dir)
+    if not path.exists():
+        raise FileNotFoundError(f"campaign {config.table_name} takes λ_ref from {config.lambda_ref_from}, "
+                                f"whose λ_ref file {path} is not on disk: run that campaign first")
+    lam = pd.read_csv(path).set_index("window_id")["lambda_ref"]
+    missing = sorted({w.window_id for w in windows} - set(lam.index))
+    if missing:
+        raise KeyError(f"{path.name} has no λ_ref for {len(missing)} windows of {config.table_name} "
+                       f"(first: {missing[0]})")
+    return {w.window_id: float(lam[w.window_id]) for w in windows}
 
 
 def run_sharded(task, arguments: list[tuple], cache: results.ShardCache, *, executor: str = "local",
@@ -320,6 +339,8 @@ def campaign_stamp(config: CampaignConfig, window_sha256: dict, fingerprint: str
         stamp["engine_options"] = [[k, v] for k, v in config.engine_options]
     if config.knee != "study":
         stamp["knee"] = config.knee
+    if config.lambda_ref_from:
+        stamp["lambda_ref_from"] = config.lambda_ref_from
     return stamp
 
 

@@ -91,7 +91,7 @@ def tie_matrix(values, *, rtol: float = TIE_RTOL, confidence_level: float | None
     v = np.asarray(values, dtype=float)
     if v.ndim != 2:
         raise ValueError("values must be a windows × policies matrix")
-    means = stats._point_means(v) if len(v) else np.full(v.shape[1], np.nan)
+    means = stats.point_means(v) if len(v) else np.full(v.shape[1], np.nan)
     a, b = means[:, None], means[None, :]
     with np.errstate(invalid="ignore"):
         tied = np.abs(a - b) <= rtol * np.maximum(np.abs(a), np.abs(b))
@@ -114,8 +114,8 @@ def robust_signs(values, **tie_rule) -> np.ndarray:
     """sign(mean_i − mean_j) for the pairs i < j (numpy's triu order), 0 where they tie, NaN where
     either is undefined."""
     v = np.asarray(values, dtype=float)
-    means = stats._point_means(v) if len(v) else np.full(v.shape[1], np.nan)
-    s = stats._signs(means[None, :], rtol=0.0)[0]
+    means = stats.point_means(v) if len(v) else np.full(v.shape[1], np.nan)
+    s = stats.pair_signs(means[None, :], rtol=0.0)[0]
     i, j = np.triu_indices(v.shape[1], 1)
     s[tie_matrix(v, **tie_rule)[i, j] & ~np.isnan(s)] = 0.0
     return s
@@ -123,13 +123,13 @@ def robust_signs(values, **tie_rule) -> np.ndarray:
 
 def robust_tau(va, vb, **tie_rule) -> float:
     """Kendall τ_b between two window matrices' policy means with ties treated as ties on each side."""
-    return float(stats._tau_from_signs(robust_signs(va, **tie_rule), robust_signs(vb, **tie_rule)))
+    return float(stats.tau_from_signs(robust_signs(va, **tie_rule), robust_signs(vb, **tie_rule)))
 
 
 def top1_set(values, policies, **tie_rule) -> frozenset:
     """Every policy tied with the best mean (the best included); empty when none is defined."""
     v = np.asarray(values, dtype=float)
-    means = stats._point_means(v) if len(v) else np.full(v.shape[1], np.nan)
+    means = stats.point_means(v) if len(v) else np.full(v.shape[1], np.nan)
     if not np.isfinite(means).any():
         return frozenset()
     best = int(np.nanargmax(means))
@@ -138,7 +138,7 @@ def top1_set(values, policies, **tie_rule) -> frozenset:
 
 
 def _oriented(sub: pd.DataFrame, metric: str, policies) -> np.ndarray:
-    v = stats._window_matrix(sub, metric, policies).to_numpy()
+    v = stats.window_matrix(sub, metric, policies).to_numpy()
     return v if METRICS.get(metric, True) else -v
 
 
@@ -150,11 +150,11 @@ def cross_source(table: pd.DataFrame, metric: str = "anwg", *, policies, regions
     """Per (region, source pair): the study's τ_b and the robust τ_b (ties as ties) of the means."""
     rows = []
     pols = tuple(sorted(policies))
-    for region in stats._regions(table, regions):
-        sub = stats._select(table, region=region, slo_multiplier=slo_multiplier)
-        mats = {s: _oriented(sub[sub["source"] == s], metric, pols) for s in stats._sources(sub, sources)}
+    for region in stats.table_regions(table, regions):
+        sub = stats.select_cells(table, region=region, slo_multiplier=slo_multiplier)
+        mats = {s: _oriented(sub[sub["source"] == s], metric, pols) for s in stats.table_sources(sub, sources)}
         for sa, sb in itertools.combinations(sorted(mats), 2):
-            ma, mb = stats._point_means(mats[sa]), stats._point_means(mats[sb])
+            ma, mb = stats.point_means(mats[sa]), stats.point_means(mats[sb])
             rows.append({"region": region, "source_a": sa, "source_b": sb,
                          "tau_b": stats.kendall_tau_b(ma, mb, rtol=stats.TIE_RTOL),
                          "tau_b_robust": robust_tau(mats[sa], mats[sb], **tie_rule)})
@@ -166,15 +166,15 @@ def cross_metric_top1(table: pd.DataFrame, source: str, region: str, *, policies
     """Per metric pair of one (source, region): whether the two metrics crown the same policy — the
     study's name-ordered top-1 and the robust top-1 sets (agree: they share a policy). As in the
     study, each pair ranks the policies defined under both metrics."""
-    sub = stats._select(table, source=source, region=region, slo_multiplier=slo_multiplier)
+    sub = stats.select_cells(table, source=source, region=region, slo_multiplier=slo_multiplier)
     pols = tuple(sorted(policies))
     mats = {m: _oriented(sub, m, pols) for m in metrics}
     rows = []
     for a, b in itertools.combinations(sorted(metrics), 2):
-        common = np.isfinite(stats._point_means(mats[a])) & np.isfinite(stats._point_means(mats[b]))
+        common = np.isfinite(stats.point_means(mats[a])) & np.isfinite(stats.point_means(mats[b]))
         cp = tuple(p for p, c in zip(pols, common) if c)
-        ta = stats._top1(stats._point_means(mats[a][:, common]), cp)[0] if cp else None
-        tb = stats._top1(stats._point_means(mats[b][:, common]), cp)[0] if cp else None
+        ta = stats.top1_of(stats.point_means(mats[a][:, common]), cp)[0] if cp else None
+        tb = stats.top1_of(stats.point_means(mats[b][:, common]), cp)[0] if cp else None
         sa = top1_set(mats[a][:, common], cp, **tie_rule)
         sb = top1_set(mats[b][:, common], cp, **tie_rule)
         rows.append({"source": source, "region": region, "metric_a": a, "metric_b": b,
@@ -191,16 +191,16 @@ def slo_top1_changes(table: pd.DataFrame, metric: str = "anwg", *, policies, bas
     pols = tuple(sorted(policies))
     rows = []
     for variant in variants:
-        for source in stats._sources(table, sources):
-            for region in stats._regions(table, regions):
-                vb = _oriented(stats._select(table, source=source, region=region, slo_multiplier=base),
+        for source in stats.table_sources(table, sources):
+            for region in stats.table_regions(table, regions):
+                vb = _oriented(stats.select_cells(table, source=source, region=region, slo_multiplier=base),
                                metric, pols)
-                vv = _oriented(stats._select(table, source=source, region=region, slo_multiplier=variant),
+                vv = _oriented(stats.select_cells(table, source=source, region=region, slo_multiplier=variant),
                                metric, pols)
                 if not len(vb) or not len(vv):
                     continue
-                ta = stats._top1(stats._point_means(vb), pols)[0]
-                tb = stats._top1(stats._point_means(vv), pols)[0]
+                ta = stats.top1_of(stats.point_means(vb), pols)[0]
+                tb = stats.top1_of(stats.point_means(vv), pols)[0]
                 sa, sb = top1_set(vb, pols, **tie_rule), top1_set(vv, pols, **tie_rule)
                 rows.append({"source": source, "region": region, "variant": float(variant),
                              "top1_base": ta, "top1_variant": tb, "top1_changed": ta != tb,
@@ -219,18 +219,18 @@ def top1_recovery(table: pd.DataFrame, metric: str, source: str, *, policies, si
     level = tie_rule.get("confidence_level", 0.95)
     _check_tie_rule(rtol, level)
     pols = tuple(sorted(policies))
-    sub = stats._select(table, source=source, slo_multiplier=slo_multiplier)
+    sub = stats.select_cells(table, source=source, slo_multiplier=slo_multiplier)
     rows = []
-    for region in stats._regions(sub, regions):
+    for region in stats.table_regions(sub, regions):
         v = _oriented(sub[sub["region"] == region], metric, pols)
-        keep = np.isfinite(stats._point_means(v))
+        keep = np.isfinite(stats.point_means(v))
         v = v[:, keep]
         kp = tuple(p for p, k in zip(pols, keep) if k)
         if np.isnan(v).any():
             raise ValueError(f"{metric} is undefined in some {source} {region} window: the robust top-1 "
                              "recovery needs a metric defined in every window")
         nw = len(v)
-        ref_top = stats._top1(stats._point_means(v), range(len(kp)))[0]
+        ref_top = stats.top1_of(stats.point_means(v), range(len(kp)))[0]
         ref_set = np.array([p in top1_set(v, kp, **tie_rule) for p in kp])
         for n in sizes:
             row = {"source": source, "region": region, "n": int(n), "n_draws": n_draws}

@@ -32,7 +32,7 @@ _KEY = b"portbench.stored.key"
 _digests: dict = {}
 
 
-def code_fingerprint(code, *, leave_out=()) -> str:
+def source_fingerprint(code, *, leave_out=()) -> str:
     """sha256 over the source of the package modules ``code`` (files or folders relative to
     ``portbench/``; names that do not exist are skipped), less the files ``leave_out``."""
     root = Path(__file__).resolve().parent
@@ -145,7 +145,7 @@ def stored(folder: str, name: str, compute, *, code: str, params: dict | None = 
     folder, see :data:`BOOK_DEFAULTS`) when stored with the current key, else ``compute()`` (returning
     part → DataFrame) and store them. The key: ``params`` (the values the result depends on beyond its
     inputs), ``inputs`` (the files it reads), ``frames`` (tables it is handed), ``window_ids`` (the
-    frozen windows it reads; ``"all"``: every one) and ``code`` (:func:`code_fingerprint` of the
+    frozen windows it reads; ``"all"``: every one) and ``code`` (:func:`source_fingerprint` of the
     modules behind it). ``refresh``: compute and store even when current."""
     params = dict(params or {})
     windows = window_checksums(None if window_ids == "all" else window_ids, data_dir) if window_ids else {}

@@ -32,3 +32,25 @@ def data_dir() -> Path:
     """The repository's own data folder (never ../shared)."""
     return REPO / "data"
 
+
+
+@pytest.fixture
+def make_tiny_store(tmp_path):
+    """A function that writes three sources × 1 window × 10 requests into ``tmp_path`` (arrivals over
+    ``span_s`` seconds, prompts of 8 to ``max_input`` tokens, outputs of 2 to ``max_output``) and
+    returns that folder: a store whose replays on the tiny model take a fraction of a second."""
+    import numpy as np
+
+    from portbench import store
+
+    def make(span_s: float, max_input: int, max_output: int) -> Path:
+        rng = np.random.default_rng(0)
+        for source in ("azure_llm_2024", "burstgpt", "bailian_qwen"):
+            n = 10
+            store.write_source(source, [{
+                "window_id": f"{source}_t0", "arrival_s": np.sort(rng.uniform(0, span_s, n)),
+                "input_tokens": rng.integers(8, max_input, n), "output_tokens": rng.integers(2, max_output, n),
+                "predicted_output_tokens": rng.integers(2, max_output, n), "paper_lambda_ref": 60.0}], tmp_path)
+        return tmp_path
+
+    return make

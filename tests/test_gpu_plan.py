@@ -5,7 +5,6 @@ profile, plan again with the measured cost, guarded case at the planned loads)."
 import json
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pytest
 
@@ -80,17 +79,10 @@ def test_auto_plan_takes_the_most_windows_that_fit():
 
 
 @pytest.fixture
-def tiny_store(tmp_path):
-    """Three sources x 1 window x 10 requests, short prompts and outputs (a replay takes a fraction
-    of a second whatever load the tiny model's noisy profile sets)."""
-    rng = np.random.default_rng(0)
-    for source in ("azure_llm_2024", "burstgpt", "bailian_qwen"):
-        n = 10
-        store.write_source(source, [{
-            "window_id": f"{source}_t0", "arrival_s": np.sort(rng.uniform(0, 0.2, n)),
-            "input_tokens": rng.integers(8, 64, n), "output_tokens": rng.integers(2, 8, n),
-            "predicted_output_tokens": rng.integers(2, 8, n), "paper_lambda_ref": 60.0}], tmp_path)
-    return tmp_path
+def tiny_store(make_tiny_store):
+    """Short prompts and outputs: a replay takes a fraction of a second whatever load the tiny
+    model's noisy profile sets."""
+    return make_tiny_store(span_s=0.2, max_input=64, max_output=8)
 
 
 def test_study_case_end_to_end_on_cpu(tiny_store, capsys):

@@ -67,3 +67,13 @@ def test_rank_summary_gives_each_policys_best_median_and_worst_rank():
                    table_of({"a": 0.3, "b": 0.6, "c": 0.9}, sources=("burstgpt",))])
     s = headlines.rank_summary(t, ("a", "b", "c"))
     assert s.loc["a"].tolist() == [1.0, 2.0, 3.0] and s.loc["b"].tolist() == [2.0, 2.0, 2.0]
+
+
+def test_claim_cells_read_the_study_rules_and_judge_every_engine():
+    readings = {"lssp": {"n": 30, "changes": 13, "changes_robust": 0},
+                "vllm_v1": {"n": 30, "changes": 13, "changes_robust": 2}, "other": None}
+    of_n = lambda v: f"{v} of 30"                                                   # noqa: E731
+    cells = headlines.claim_cells(readings, ("changes", of_n), ("changes_robust", of_n),
+                                  lambda r: r["changes_robust"] > 0)
+    assert cells == {"claim_study": "13 of 30", "claim_robust": "0 of 30", "holds_lssp": "fails",
+                     "holds_vllm_v1": "holds", "holds_other": "not computed"}

@@ -2,29 +2,20 @@
 
 import json
 
-import numpy as np
 import pandas as pd
 import pytest
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from portbench import store  # noqa: E402
 from portbench.realengine import gpu  # noqa: E402
 from portbench.realengine.study import backend  # noqa: E402
 
 
 @pytest.fixture
-def tiny_store(tmp_path):
+def tiny_store(make_tiny_store):
     """Three sources × 1 window × 10 requests, short prompts and outputs."""
-    rng = np.random.default_rng(0)
-    for source in ("azure_llm_2024", "burstgpt", "bailian_qwen"):
-        n = 10
-        store.write_source(source, [{
-            "window_id": f"{source}_t0", "arrival_s": np.sort(rng.uniform(0, 1.0, n)),
-            "input_tokens": rng.integers(8, 128, n), "output_tokens": rng.integers(2, 16, n),
-            "predicted_output_tokens": rng.integers(2, 16, n), "paper_lambda_ref": 60.0}], tmp_path)
-    return tmp_path
+    return make_tiny_store(span_s=1.0, max_input=128, max_output=16)
 
 
 def test_gpu_script_runs_end_to_end_on_cpu(tiny_store):

@@ -50,8 +50,13 @@ def test_a_cell_with_the_cache_on_counts_the_tokens_the_cache_served():
 
 def test_rq9_configurations():
     c = rq9.configs()
-    assert list(c) == ["off", *(f"on_{kv}" for kv in rq9.CAPACITIES)]
+    assert list(c) == ["off", *(f"on_{kv}" for kv in rq9.CAPACITIES),
+                       *(f"on_{kv}_same_load" for kv in rq9.SAME_LOAD_CAPACITIES)]
     assert all(len(x.window_ids) == 40 and x.policies == rq9.PANEL for x in c.values())
+    assert all(x.slo_multipliers == (20.0, rq9.TIGHT_SLO) for x in c.values())
+    same = c[f"on_{rq9.SAME_LOAD_CAPACITIES[0]}_same_load"]
+    assert same.lambda_ref_from == c["off"].table_name and same.model().enable_prefix_caching
+    assert not any(x.lambda_ref_from for k, x in c.items() if not k.endswith("same_load"))
     assert not c["off"].model().enable_prefix_caching
     assert c["on_262144"].model().max_kv_tokens == 262144 and c["on_262144"].model().enable_prefix_caching
     # every request of the source fits the smallest capacity (vllm_v1 would stall on one that does not)
@@ -99,3 +104,36 @@ def test_preempting_cells_counts_cells_with_a_preemption_off_and_on():
     assert got.index.tolist() == ["slai_faithful", "fifo"]          # largest drop first
     assert got.loc["slai_faithful"].tolist() == [0.75, 0.0, 0.75]
     assert got.loc["fifo"].tolist() == [0.75, 0.75, 0.0]
+
+
+def test_a_campaign_can_take_its_lambda_ref_from_another(tmp_path):
+    """The cache on at the cache-off knee: each window's λ_ref comes from the other campaign's λ_ref
+    file (its own key and stamp); a missing file or window is named."""
+    from portbench.campaign import borrowed_lambda_refs
+
+    src = tmp_path / "data"
+    (src / "results").mkdir(parents=True)
+    w = store.load_window(f"{store.PREFIX_HASHED_SOURCE}_w00")
+    on = CampaignConfig(engine_model="vllm_v1", policies=("fifo",), engine_options=CACHE_ON, tag="c")
+    same = dataclasses.replace(on, tag="c_same", lambda_ref_from="vllm_v1_d")
+    with pytest.raises(ValueError, match="needs a tag"):
+        CampaignConfig(engine_model="vllm_v1", lambda_ref_from="vllm_v1_d")
+    with pytest.raises(FileNotFoundError, match="takes λ_ref from vllm_v1_d.*run that campaign first"):
+        borrowed_lambda_refs(same, [w], src)
+    pd.DataFrame({"window_id": ["other"], "lambda_ref": [0.5]}).to_csv(src / "results" / "lambda_ref_vllm_v1_d.csv")
+    with pytest.raises(KeyError, match="no λ_ref for 1 windows"):
+        borrowed_lambda_refs(same, [w], src)
+    pd.DataFrame({"window_id": [w.window_id], "lambda_ref": [0.7]}).to_csv(src / "results" / "lambda_ref_vllm_v1_d.csv")
+    assert borrowed_lambda_refs(same, [w], src) == {w.window_id: 0.7} and borrowed_lambda_refs(on, [w], src) == {}
+    assert shard_key(w, same, 20.0, "f") != shard_key(w, on, 20.0, "f")
+    assert campaign_stamp(same, {}, "f")["lambda_ref_from"] == "vllm_v1_d" and "lambda_ref_from" not in campaign_stamp(on, {}, "f")
+
+
+def test_the_tight_slo_readings_on_tables_built_by_hand():
+    high = _table({"fifo": [0.96, 0.99], "lpm": [1.0, 1.0], "edf": [0.5, 0.6]})
+    assert reading.saturated_share(high, policies=["fifo", "lpm", "edf"]) == pytest.approx(2 / 3)
+    twins = reading.twin_differences(_table({"fifo": [0.5, 0.6, 0.7], "lpm": [0.6, 0.7, 0.8]}), regions=["KNEE"],
+                                     n_resamples=200, seed=0)
+    row = twins.set_index("policy").loc["lpm"]
+    assert row["twin"] == "fifo" and row["difference"] == pytest.approx(0.1)
+    assert row["ci_low"] == pytest.approx(0.1) and row["ci_high"] == pytest.approx(0.1)

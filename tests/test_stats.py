@@ -69,16 +69,16 @@ def test_vectorised_tau_matches_scipy_row_by_row():
 def test_cross_metrics_integer_signs_give_the_float_signs_tau_exactly():
     # cross_metric works each metric's resampled signs out once, as int8 with a mask of the defined
     # pairs; τ_b over every metric pair (some pairs undefined on one side, some rows tied or
-    # constant, a subset of the pairs) is _tau_from_signs' to the last bit
+    # constant, a subset of the pairs) is tau_from_signs' to the last bit
     from portbench.stats.compare import _metric_signs, _paired_tau
     rng = np.random.default_rng(3)
     v = rng.integers(0, 4, size=(300, 3, 7)).astype(float)      # resamples x metrics x policies
     v[rng.random(v.shape) < 0.05] = np.nan
     v[:5, 1] = 2.0                                                # constant rankings
-    signs, float_signs = _metric_signs(v), S._signs(v)
+    signs, float_signs = _metric_signs(v), S.pair_signs(v)
     for use in (np.ones(21, dtype=bool), rng.random(21) < 0.6):
         for a, b in ((0, 1), (0, 2), (1, 2)):
-            want = S._tau_from_signs(float_signs[:, a][:, use], float_signs[:, b][:, use])
+            want = S.tau_from_signs(float_signs[:, a][:, use], float_signs[:, b][:, use])
             np.testing.assert_array_equal(_paired_tau(signs, a, b, use), want)
 
 
@@ -471,3 +471,17 @@ def test_post_hoc_on_perfect_agreement():
     res3 = S.friedman(t3, "anwg", "KNEE")
     assert list(res3.mean_ranks) == [3.0, 2.0, 1.0] and res3.statistic == pytest.approx(20.0)
     assert_post_hoc_equal(res3.nemenyi, sp.posthoc_nemenyi_friedman(-block_matrix(t3)))
+
+
+def test_paired_difference_resamples_windows_together():
+    from portbench.stats import paired_difference
+
+    a = np.array([1.0, 2.0, 3.0, 4.0, np.nan])
+    d, ci = paired_difference(a, a - 0.5, n_resamples=300, seed=1)
+    assert d == 0.5 and ci.low == ci.high == 0.5              # a constant difference: no spread, NaN left out
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=200)
+    d, ci = paired_difference(x + 0.3 + rng.normal(scale=0.01, size=200), x, n_resamples=500, seed=2)
+    assert ci.low < d < ci.high and ci.excludes(0.0) and ci.high - ci.low < 0.01
+    d, ci = paired_difference([np.nan], [1.0])
+    assert np.isnan(d) and np.isnan(ci.low)

@@ -335,10 +335,11 @@ def native_equivalence(ch: Chapter) -> Section:
     if not path.exists():
         return Section(numbers={"fid_native_identical_runs_share": float("nan"), "fid_native_runs": 0,
                                 "fid_native_identical_runs_share_all": float("nan"), "fid_native_runs_all": 0,
-                                "fid_native_not_counted": "n/a",
+                                "fid_native_not_counted": "n/a", "fid_slai_native_identical_share": float("nan"),
+                                "fid_slai_native_runs": 0,
                                 "fid_native_classes": "not run", "fid_native_no_form": "n/a",
                                 "fid_native_lacking": "n/a"})
-    runs = pd.read_csv(path)
+    runs = pd.read_csv(path, dtype={"class": "string", "detail": "string"})
     runs["policy"] = runs["policy"].map(canonical)          # a stored row of a renamed policy
     own = runs[~runs["policy"].isin(_NO_VLLM_FORM)]
     by = runs.groupby(["config", "policy"], sort=False)
@@ -350,6 +351,8 @@ def native_equivalence(ch: Chapter) -> Section:
             ["config", "policy"], sort=False)["c"].mean()
     numbers = {"fid_native_identical_runs_share": float(own["identical"].mean()), "fid_native_runs": len(own),
                "fid_native_identical_runs_share_all": float(runs["identical"].mean()),
+               "fid_slai_native_identical_share": float(runs.loc[runs["policy"] == "slai_faithful", "identical"].mean()),
+               "fid_slai_native_runs": int((runs["policy"] == "slai_faithful").sum()),
                "fid_native_runs_all": len(runs),
                "fid_native_not_counted": present.join([f"{p} ({why})" for p, why in _NO_VLLM_FORM.items()
                                                        if p in set(runs["policy"])], empty="none"),

@@ -149,3 +149,14 @@ def knee_clause(table: pd.DataFrame, knee_table: pd.DataFrame, engine: str) -> s
     ratio = knee_ratio(table, knee_table)
     what = ("set by requests no scheduler can meet" if ratio > 1.05 else "a queueing knee")
     return f"BurstGPT's knee under {engine} is {what} (its attainable knee is {ratio:.2f}× it, median)"
+
+
+def claim_cells(readings: dict, study, robust, holds) -> dict:
+    """One row of the introduction's "what holds" table from an RQ's readings (engine → reading):
+    ``claim_study`` and ``claim_robust`` (``(key, format)`` of the ``lssp`` reading, the study's
+    rules), and ``holds_<engine>`` for each engine ("holds"/"fails": ``holds(reading)`` on the robust
+    reading; "not computed" where the engine's table is missing)."""
+    cells = {"claim_study": value(readings, "lssp", *study), "claim_robust": value(readings, "lssp", *robust)}
+    for e, r in readings.items():
+        cells[f"holds_{e}"] = "not computed" if r is None else ("holds" if holds(r) else "fails")
+    return cells

@@ -383,6 +383,19 @@ def study_configuration(cases: Cases, tag: str, sim_tables: dict, *, n_resamples
     return rows
 
 
+def primary_reading(runs: pd.DataFrame, repetitions: int, *, n_resamples: int, seed: int) -> pd.DataFrame:
+    """The study-configuration case read at a fixed size: the first ``repetitions`` repetitions of
+    every window (paired, windows and repetitions resampled), per source; a source with fewer is left
+    out. The case's later repetitions were added per source until its interval settled (a sequential
+    rule, its intervals uncorrected for the repeated looks); this reading does not depend on it."""
+    from ..realconfig import repetition_resampled_delta
+
+    first = runs[runs["repetition"] < repetitions]
+    have = first.groupby("source")["repetition"].nunique()
+    first = first[first["source"].isin(have[have >= repetitions].index)]
+    return repetition_resampled_delta(first, n_resamples=n_resamples, seed=seed).set_index("source")
+
+
 def host_steady_runs(case: results.Case, tolerance: float = 0.15) -> pd.DataFrame:
     """The runs of ``case`` whose own steps ran at a steady host speed: a run's step ratio (the
     median of its real step times over the profile's cost for the same batches,
@@ -503,9 +516,12 @@ def _verdict_groups(real_row: pd.DataFrame, rehost_row: pd.DataFrame | None) -> 
     return groups
 
 
-def verdict(real_row: pd.DataFrame, rehost_row: pd.DataFrame | None = None) -> str:
+def verdict(real_row: pd.DataFrame, rehost_row: pd.DataFrame | None = None,
+            primary_row: pd.DataFrame | None = None) -> str:
     """RQ6's answer in plain words, at most 80: per source, whether the A100's sign of
-    ``slai_faithful − vllm_faithful`` appears on vLLM in the study's configuration, with intervals."""
+    ``slai_faithful − vllm_faithful`` appears on vLLM in the study's configuration, with intervals;
+    with ``primary_row`` (the fixed-size reading, :func:`primary_reading`), the sources whose verdict
+    it does not share."""
     words = {"same sign": "appears on", "opposite sign": "is reversed on",
              "no difference beyond ±0.005": "is absent (no difference beyond ±0.005) on",
              "not settled": "is not settled by the runs on"}
@@ -515,9 +531,21 @@ def verdict(real_row: pd.DataFrame, rehost_row: pd.DataFrame | None = None) -> s
         for k, v in _verdict_groups(real_row, rehost_row).items()]
     text = ("On vLLM in the study's configuration (CPU build, tiny model), the A100's finding that "
             "slai_faithful scores below vllm_faithful " + "; it ".join(parts) + ".")
+    if primary_row is not None:
+        moved = primary_disagrees(primary_row, real_row)
+        if moved:
+            text += (f" A fixed-size reading ({int(primary_row['repetitions'].min())} repetitions) reads "
+                     f"{present.join([name for name, *_ in moved])} otherwise.")
     n_words = len(text.split())
     assert n_words <= 80, f"the RQ6 verdict has {n_words} words (at most 80)"
     return text
+
+
+def primary_disagrees(primary_row: pd.DataFrame, real_row: pd.DataFrame) -> list[tuple[str, str, str]]:
+    """(display name, fixed-size verdict, final verdict) of each source whose fixed-size reading gives
+    another verdict (:func:`settled`) than the final one."""
+    return [(source_label(s_), settled(primary_row.loc[s_]), settled(real_row.loc[s_])) for s_ in real_row.index
+            if s_ in primary_row.index and settled(primary_row.loc[s_]) != settled(real_row.loc[s_])]
 
 
 def verdict_brief(real_row: pd.DataFrame, rehost_row: pd.DataFrame | None = None) -> str:

@@ -28,20 +28,30 @@ def on_vs_off(off: pd.DataFrame, on: pd.DataFrame, metric: str, *, policies, reg
               n_resamples: int, seed: int) -> pd.DataFrame:
     """Per region: τ_b between the policies' mean ``metric`` with the cache off and on (paired over
     windows, BCa interval), the best policy of each, and the policy pairs that reverse (the RQ2
-    classifier: any reversal, and the supported practical ones)."""
+    classifier: any reversal, and the supported practical ones). Both tables hold one SLO's cells,
+    the same one."""
+    slo = _one_slo(off, on)
     both = as_sources({OFF: off, ON: on})
     rows = []
     for region in regions:
         tau = stats.cross_source_tau(both, metric, region, OFF, ON, policies=policies, paired=True,
-                                     n_resamples=n_resamples, seed=seed)
+                                     n_resamples=n_resamples, seed=seed, slo_multiplier=slo)
         rev = stats.reversals(both, metric, region, sources=(OFF, ON), policies=policies,
-                              n_resamples=n_resamples, seed=seed)
+                              n_resamples=n_resamples, seed=seed, slo_multiplier=slo)
         rows.append({"region": region, "tau_b": tau.statistic, "bca_low": tau.bca_interval.low,
                      "bca_high": tau.bca_interval.high, "best_off": tau.top1_a, "best_on": tau.top1_b,
                      "reversals": int((~rev["cls"].isin(["STABLE", "UNDEFINED"])).sum()),
                      "supported": int((rev["cls"] == "SUPPORTED_PRACTICAL_REVERSAL").sum()),
                      "pairs": len(rev)})
     return pd.DataFrame(rows)
+
+
+def _one_slo(*tables: pd.DataFrame) -> float:
+    """The one SLO multiplier the cells of ``tables`` share (a ValueError when they hold several)."""
+    slos = sorted({float(x) for t in tables for x in t["slo_multiplier"].unique()})
+    if len(slos) != 1:
+        raise ValueError(f"the tables compared hold the SLO multipliers {slos}: compare one SLO's cells")
+    return slos[0]
 
 
 def advantage(tables_on: dict, metric: str, *, baseline: str = "fifo", regions,
@@ -118,3 +128,30 @@ def capacity_label(kv_tokens: int) -> str:
 
 __all__ = ["OFF", "ON", "CAPACITIES", "as_sources", "on_vs_off", "advantage", "best_cache_aware",
            "versus_study", "hit_rates", "preempting_cells", "capacity_label"]
+
+
+#: Each cache-aware order and the cache-blind order it refines: shortest-job-first on uncached work
+#: against shortest-job-first on all work; SGLang's cache-aware orders against arrival order.
+TWINS = {"cache_aware_sjf": "estimated_service_time_first", "lpm": "fifo", "dfs_weight": "fifo"}
+
+
+def saturated_share(table: pd.DataFrame, metric: str = "anwg", *, policies, threshold: float = 0.95) -> float:
+    """The share of (policy, region) cells whose mean ``metric`` over the windows is at least
+    ``threshold``: where most cells sit there, a ranking is mostly ties."""
+    means = table[table["policy"].isin(policies)].groupby(["policy", "region"])[metric].mean()
+    return float((means >= threshold).mean())
+
+
+def twin_differences(table: pd.DataFrame, metric: str = "anwg", *, regions, n_resamples: int,
+                     seed: int) -> pd.DataFrame:
+    """Per cache-aware policy and region: its mean ``metric`` less its cache-blind twin's
+    (:data:`TWINS`), paired over windows, with a 95% window-bootstrap interval."""
+    rows = []
+    for region in regions:
+        wide = table[table["region"] == region].pivot_table(index="window_id", columns="policy", values=metric)
+        for policy, twin in TWINS.items():
+            if policy in wide and twin in wide:
+                d, ci = stats.paired_difference(wide[policy], wide[twin], n_resamples=n_resamples, seed=seed)
+                rows.append({"region": region, "policy": policy, "twin": twin, "difference": d,
+                             "ci_low": ci.low, "ci_high": ci.high})
+    return pd.DataFrame(rows)

@@ -39,9 +39,9 @@ BOOK_ENGINES = {"engine_model": "lssp", "calibrated_engine_model": "vllm_v1"}
 
 def stored(name: str, compute, **kwargs) -> dict:
     """:func:`portbench.stored.stored` in :data:`FOLDER`, keyed by the source of :data:`RESULT_CODE`."""
-    from ..stored import code_fingerprint
+    from ..stored import source_fingerprint
 
-    return _stored(FOLDER, name, compute, code=code_fingerprint(RESULT_CODE), **kwargs)
+    return _stored(FOLDER, name, compute, code=source_fingerprint(RESULT_CODE), **kwargs)
 
 
 # --- a real-engine case's files -------------------------------------------------------------------

@@ -53,10 +53,10 @@ def stored_statistics(name: str, table: pd.DataFrame, compute, *, data_dir=None,
     """``compute()`` (a statistics table of the campaign ``table``), stored as ``data/results/reference/
     <name>.<engine model>.table.parquet`` and reused while the table's content, ``params`` and the
     code of :data:`RESULT_CODE` are the same (:func:`portbench.stored.stored`)."""
-    from ..stored import code_fingerprint, stored
+    from ..stored import source_fingerprint, stored
 
     engine = "+".join(sorted(set(table["engine_model"]))) if "engine_model" in table else "table"
-    return stored("reference", f"{name}.{engine}", lambda: {"table": compute()}, code=code_fingerprint(RESULT_CODE),
+    return stored("reference", f"{name}.{engine}", lambda: {"table": compute()}, code=source_fingerprint(RESULT_CODE),
                   params=params, frames=[table], data_dir=data_dir)["table"]
 
 

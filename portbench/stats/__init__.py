@@ -41,25 +41,28 @@ The underscored helpers re-exported below are the building blocks other analyses
 from __future__ import annotations
 
 from .bootstrap import (_NAN_CI, ConfidenceInterval, _column_quantiles, _count_matrix,
-                        _jackknife_weights, _percentile_interval, _point_means, _rng,
-                        _weighted_means, bca_interval, benjamini_hochberg)
+                        _jackknife_weights, _percentile_interval, point_means, _rng,
+                        _weighted_means, bca_interval, benjamini_hochberg, paired_difference)
 from .compare import (CrossMetricResult, TauComparison, _compare, chronological_groups,
                       cross_metric, cross_metric_summary, cross_source_table, cross_source_tau,
                       slo_sensitivity, temporal_split)
 from .concordance import (FriedmanResult, KendallW, _tie_term, _w_from_ranks, friedman, kendalls_w,
                           leave_one_source_out, source_concordance)
-from .rank import TIE_RTOL, _pair_index, _signs, _tau_from_signs, _tau_rows, _top1, kendall_tau_b
+from .rank import TIE_RTOL, _pair_index, pair_signs, tau_from_signs, _tau_rows, top1_of, kendall_tau_b
 from .recovery import sample_complexity
 from .reversal import REVERSAL_CLASSES, reversal_analysis, reversal_counts, reversals
-from .table import (BASE_SLO, ConditionMeans, _policies, _regions, _select, _sources,
-                    _window_matrix, condition_means)
+from .table import (BASE_SLO, ConditionMeans, _policies, table_regions, select_cells, table_sources,
+                    window_matrix, condition_means)
 
 __all__ = [
-    "BASE_SLO", "TIE_RTOL", "REVERSAL_CLASSES",
+    "BASE_SLO", "TIE_RTOL", "REVERSAL_CLASSES", "paired_difference",
     "ConfidenceInterval", "ConditionMeans", "TauComparison", "KendallW", "CrossMetricResult",
     "FriedmanResult",
     "benjamini_hochberg", "kendall_tau_b", "bca_interval", "condition_means", "cross_source_tau",
     "cross_source_table", "kendalls_w", "source_concordance", "leave_one_source_out", "reversals",
     "reversal_analysis", "reversal_counts", "cross_metric_summary", "cross_metric",
     "slo_sensitivity", "sample_complexity", "chronological_groups", "temporal_split", "friedman",
+    # the building blocks the robust readings (portbench.robust) share with these statistics
+    "point_means", "pair_signs", "tau_from_signs", "top1_of", "select_cells", "table_regions",
+    "table_sources", "window_matrix",
 ]

@@ -82,6 +82,18 @@ def bca_interval(theta_hat: float, bootstrap_distribution, jackknife, confidence
     return ConfidenceInterval(float(low), float(high)), z0, float(a)
 
 
+def paired_difference(a, b, *, n_resamples: int = 2000, seed=0,
+                      confidence_level: float = 0.95) -> tuple[float, ConfidenceInterval]:
+    """The mean of ``a − b`` over windows (two equal-length arrays, one value per window, paired) and
+    its percentile interval from resampling the windows; windows where either is NaN are left out."""
+    d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
+    d = d[np.isfinite(d)]
+    if d.size == 0:
+        return math.nan, _NAN_CI
+    means = _weighted_means(_count_matrix(_rng(seed), d.size, n_resamples), d[:, None])[:, 0]
+    return float(d.mean()), _percentile_interval(means, confidence_level)
+
+
 def _percentile_interval(boot: np.ndarray, confidence_level: float) -> ConfidenceInterval:
     boot = boot[np.isfinite(boot)]
     if boot.size == 0:
@@ -110,7 +122,7 @@ def _weighted_means(weights: np.ndarray, values: np.ndarray) -> np.ndarray:
         return np.where(count > 0, total / np.where(count > 0, count, 1.0), np.nan)
 
 
-def _point_means(values: np.ndarray) -> np.ndarray:
+def point_means(values: np.ndarray) -> np.ndarray:
     """Column means over defined values, NaN for a column with none.
 
     A plain column reduction rather than a BLAS product: identical columns give bit-identical

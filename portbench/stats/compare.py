@@ -20,10 +20,10 @@ from scipy import stats as sps
 
 from ..metrics import METRICS
 from .bootstrap import (_NAN_CI, ConfidenceInterval, _count_matrix, _jackknife_weights,
-                        _percentile_interval, _point_means, _rng, _weighted_means, bca_interval,
+                        _percentile_interval, point_means, _rng, _weighted_means, bca_interval,
                         benjamini_hochberg)
-from .rank import _pair_index, _signs, _tau_from_counts, _tau_from_signs, _tau_rows, _top1
-from .table import BASE_SLO, _policies, _regions, _select, _sources, _window_matrix
+from .rank import _pair_index, pair_signs, _tau_from_counts, tau_from_signs, _tau_rows, top1_of
+from .table import BASE_SLO, _policies, table_regions, select_cells, table_sources, window_matrix
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,11 +96,11 @@ def _compare(va: np.ndarray, vb: np.ndarray, policies: tuple, higher_is_better: 
     Unpaired: windows are resampled independently on each side and the jackknife leaves out one
     window of either side (two-sample BCa). Paired: one resample of the shared windows serves both.
     """
-    ma, mb = _point_means(va), _point_means(vb)
+    ma, mb = point_means(va), point_means(vb)
     common = np.isfinite(ma) & np.isfinite(mb)
     pols = tuple(p for p, c in zip(policies, common) if c)
-    top_a = _top1(ma[common], pols, higher_is_better)
-    top_b = _top1(mb[common], pols, higher_is_better)
+    top_a = top1_of(ma[common], pols, higher_is_better)
+    top_b = top1_of(mb[common], pols, higher_is_better)
     na, nb = va.shape[0], vb.shape[0]
     if common.sum() < 2:
         return TauComparison(math.nan, math.nan, _NAN_CI, _NAN_CI, int(common.sum()), na, nb,
@@ -119,9 +119,9 @@ def _compare(va: np.ndarray, vb: np.ndarray, policies: tuple, higher_is_better: 
         ca = _count_matrix(rng, na, n_resamples)
         cb = _count_matrix(rng, nb, n_resamples)
         boot = _tau_rows(_weighted_means(ca, va), _weighted_means(cb, vb))
-        sa, sb = _signs(ma), _signs(mb)
-        jack = [_tau_from_signs(_signs(_weighted_means(_jackknife_weights(na), va)), sb),
-                _tau_from_signs(sa, _signs(_weighted_means(_jackknife_weights(nb), vb)))]
+        sa, sb = pair_signs(ma), pair_signs(mb)
+        jack = [tau_from_signs(pair_signs(_weighted_means(_jackknife_weights(na), va)), sb),
+                tau_from_signs(sa, pair_signs(_weighted_means(_jackknife_weights(nb), vb)))]
     pct = _percentile_interval(boot, confidence_level)
     bca, z0, acc = bca_interval(tau, boot, jack, confidence_level)
     pvalue = float(sps.kendalltau(ma, mb, variant="b").pvalue) if np.isfinite(tau) else math.nan
@@ -140,10 +140,10 @@ def cross_source_tau(table: pd.DataFrame, metric: str, region: str, source_a: st
     ``paired``: the two "sources" are the same windows under two conditions (labelled as sources,
     e.g. an engine setting off and on), resampled together.
     """
-    sub = _select(table, region=region, slo_multiplier=slo_multiplier)
+    sub = select_cells(table, region=region, slo_multiplier=slo_multiplier)
     pols = _policies(sub, policies)
-    va = _window_matrix(sub[sub["source"] == source_a], metric, pols)
-    vb = _window_matrix(sub[sub["source"] == source_b], metric, pols)
+    va = window_matrix(sub[sub["source"] == source_a], metric, pols)
+    vb = window_matrix(sub[sub["source"] == source_b], metric, pols)
     if paired and not va.index.equals(vb.index):
         raise ValueError(f"a paired comparison needs the same windows under {source_a!r} and "
                          f"{source_b!r}")
@@ -158,8 +158,8 @@ def cross_source_table(table: pd.DataFrame, metrics=("anwg",), regions=None, sou
 
     ``q`` is the BH-adjusted Kendall p-value within each (metric, region) family of source pairs.
     """
-    regions = _regions(table, regions)
-    sources = _sources(table, sources)
+    regions = table_regions(table, regions)
+    sources = table_sources(table, sources)
     rows = []
     for metric in metrics:
         for region in regions:
@@ -191,18 +191,18 @@ def slo_sensitivity(table: pd.DataFrame, *, metric: str = "anwg", base: float = 
     come from the same windows; ``paired=False`` resamples them independently, as the original did.
     Regions default to those present under both the base and the variant.
     """
-    sources = _sources(table, sources)
+    sources = table_sources(table, sources)
     pols = _policies(table, policies)
-    base_rows = _select(table, slo_multiplier=base)
+    base_rows = select_cells(table, slo_multiplier=base)
     rows = []
     for variant in variants:
-        var_rows = _select(table, slo_multiplier=variant)
+        var_rows = select_cells(table, slo_multiplier=variant)
         present = set(base_rows["region"]) & set(var_rows["region"])
         for source in sources:
-            for region in (r for r in _regions(table, regions) if r in present):
-                vb = _window_matrix(base_rows[(base_rows["source"] == source)
+            for region in (r for r in table_regions(table, regions) if r in present):
+                vb = window_matrix(base_rows[(base_rows["source"] == source)
                                               & (base_rows["region"] == region)], metric, pols)
-                vv = _window_matrix(var_rows[(var_rows["source"] == source)
+                vv = window_matrix(var_rows[(var_rows["source"] == source)
                                              & (var_rows["region"] == region)], metric, pols)
                 if paired:
                     shared = vb.index.intersection(vv.index)
@@ -242,9 +242,9 @@ def temporal_split(table: pd.DataFrame, metric: str, region: str, source: str,
     labels (in order of first appearance) is compared, resampling windows independently within each
     group (they are different windows), with percentile and BCa intervals.
     """
-    sub = _select(table, source=source, region=region, slo_multiplier=slo_multiplier)
+    sub = select_cells(table, source=source, region=region, slo_multiplier=slo_multiplier)
     pols = _policies(sub, policies)
-    v = _window_matrix(sub, metric, pols)
+    v = window_matrix(sub, metric, pols)
     labels = list(dict.fromkeys(groups.values()))
     member = pd.Series([groups.get(w) for w in v.index], index=v.index)
     rows = []
@@ -274,14 +274,14 @@ def cross_metric_summary(pairs: pd.DataFrame) -> dict:
 
 
 def _metric_signs(values: np.ndarray) -> list:
-    """:func:`~portbench.stats.rank._signs` of ``values`` (resamples × metrics × policies), one
+    """:func:`~portbench.stats.rank.pair_signs` of ``values`` (resamples × metrics × policies), one
     metric at a time, as ``(signs, defined)``: int8 signs with the undefined pairs 0, and a boolean
     mask of the defined ones (or None when all are). τ_b's arithmetic on signs is integer, so
-    :func:`_paired_tau` gives :func:`~portbench.stats.rank._tau_from_signs`'s values exactly, with a
+    :func:`_paired_tau` gives :func:`~portbench.stats.rank.tau_from_signs`'s values exactly, with a
     metric's signs worked out once for all its pairs."""
     out = []
     for m in range(values.shape[1]):
-        s = _signs(np.ascontiguousarray(values[:, m]))
+        s = pair_signs(np.ascontiguousarray(values[:, m]))
         undefined = np.isnan(s)
         out.append((np.where(undefined, 0, s).astype(np.int8), ~undefined if undefined.any() else None))
     return out
@@ -289,7 +289,7 @@ def _metric_signs(values: np.ndarray) -> list:
 
 def _paired_tau(signs: list, a: int, b: int, use: np.ndarray) -> np.ndarray:
     """τ_b of each resample between metrics ``a`` and ``b`` (:func:`_metric_signs`) over the
-    policy pairs ``use``, a pair undefined on either side left out (as ``_tau_from_signs``)."""
+    policy pairs ``use``, a pair undefined on either side left out (as ``tau_from_signs``)."""
     (sa, da), (sb, db) = signs[a], signs[b]
     if not use.all():
         sa, sb = sa[:, use], sb[:, use]
@@ -313,21 +313,21 @@ def cross_metric(table: pd.DataFrame, source: str, region: str, *, metrics=tuple
     policies, ties to the alphabetically first id; ``top1_tied_*`` says whether it was tied (a
     fully tied metric "agrees" by construction, as in the original).
     """
-    sub = _select(table, source=source, region=region, slo_multiplier=slo_multiplier)
+    sub = select_cells(table, source=source, region=region, slo_multiplier=slo_multiplier)
     pols = _policies(sub, policies)
     metrics = tuple(sorted(metrics))
-    frame = _window_matrix(sub, list(metrics), pols)
+    frame = window_matrix(sub, list(metrics), pols)
     x = frame.to_numpy().reshape(len(frame), len(metrics), len(pols))
     sign = np.array([1.0 if METRICS.get(m, True) else -1.0 for m in metrics])
     x = x * sign[None, :, None]
     nw, nm, npol = x.shape
     flat = x.reshape(nw, nm * npol)
     rng = _rng(seed)
-    point = _point_means(flat).reshape(nm, npol) if nw else np.full((nm, npol), np.nan)
+    point = point_means(flat).reshape(nm, npol) if nw else np.full((nm, npol), np.nan)
     counts = _count_matrix(rng, nw, n_resamples) if nw else np.zeros((n_resamples, 0))
     boot = _weighted_means(counts, flat).reshape(n_resamples, nm, npol)
     jack = _weighted_means(_jackknife_weights(nw), flat).reshape(nw, nm, npol)
-    s_point = _signs(point)
+    s_point = pair_signs(point)
     # the resampled signs per metric, once: as integers with undefined pairs 0, and where defined
     s_boot, s_jack = _metric_signs(boot), _metric_signs(jack)
     ii, jj = _pair_index(npol)
@@ -335,8 +335,8 @@ def cross_metric(table: pd.DataFrame, source: str, region: str, *, metrics=tuple
     for a, b in itertools.combinations(range(nm), 2):
         common = np.isfinite(point[a]) & np.isfinite(point[b])
         cp = tuple(p for p, c in zip(pols, common) if c)
-        t1a = _top1(point[a][common], cp)
-        t1b = _top1(point[b][common], cp)
+        t1a = top1_of(point[a][common], cp)
+        t1b = top1_of(point[b][common], cp)
         row = {"source": source, "region": region, "metric_a": metrics[a], "metric_b": metrics[b],
                "n_policies": int(common.sum()), "top1_a": t1a[0], "top1_b": t1b[0],
                "top1_tied_a": t1a[1], "top1_tied_b": t1b[1],
@@ -347,7 +347,7 @@ def cross_metric(table: pd.DataFrame, source: str, region: str, *, metrics=tuple
             rows.append(row)
             continue
         use = common[ii] & common[jj]
-        tau = float(_tau_from_signs(s_point[a][use], s_point[b][use]))
+        tau = float(tau_from_signs(s_point[a][use], s_point[b][use]))
         tb = _paired_tau(s_boot, a, b, use)
         tj = _paired_tau(s_jack, a, b, use)
         pct = _percentile_interval(tb, confidence_level)

@@ -16,9 +16,9 @@ import pandas as pd
 from scipy import stats as sps
 
 from ..metrics import METRICS
-from .bootstrap import _point_means, _rng
+from .bootstrap import point_means, _rng
 from .rank import _tau_rows
-from .table import BASE_SLO, _policies, _select, _sources, _window_matrix
+from .table import BASE_SLO, _policies, select_cells, table_sources, window_matrix
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,10 +105,10 @@ def kendalls_w(matrix, *, n_permutations: int = 9999, seed=0) -> KendallW:
 def source_concordance(table: pd.DataFrame, metric: str, region: str, *, sources=None, policies=None,
                        n_permutations: int = 9999, seed=0, slo_multiplier=BASE_SLO) -> KendallW:
     """Kendall's W across sources of the policy means of one (metric, region)."""
-    sub = _select(table, region=region, slo_multiplier=slo_multiplier)
-    sources = _sources(sub, sources)
+    sub = select_cells(table, region=region, slo_multiplier=slo_multiplier)
+    sources = table_sources(sub, sources)
     pols = _policies(sub, policies)
-    rows = [_point_means(_window_matrix(sub[sub["source"] == s], metric, pols).to_numpy())
+    rows = [point_means(window_matrix(sub[sub["source"] == s], metric, pols).to_numpy())
             for s in sources]
     return kendalls_w(np.vstack(rows), n_permutations=n_permutations, seed=seed)
 
@@ -117,10 +117,10 @@ def leave_one_source_out(table: pd.DataFrame, metric: str, region: str, *, sourc
                          policies=None, n_permutations: int = 9999, seed=0,
                          slo_multiplier=BASE_SLO) -> pd.DataFrame:
     """W of the remaining sources with each source left out in turn (τ_b too when two remain)."""
-    sub = _select(table, region=region, slo_multiplier=slo_multiplier)
-    sources = _sources(sub, sources)
+    sub = select_cells(table, region=region, slo_multiplier=slo_multiplier)
+    sources = table_sources(sub, sources)
     pols = _policies(sub, policies)
-    means = {s: _point_means(_window_matrix(sub[sub["source"] == s], metric, pols).to_numpy())
+    means = {s: point_means(window_matrix(sub[sub["source"] == s], metric, pols).to_numpy())
              for s in sources}
     rows = []
     for out in sources:
@@ -147,9 +147,9 @@ def friedman(table: pd.DataFrame, metric: str, region: str, *, source=None, poli
     except that equal rank sums under zero variance give p = 1 (the library's 0/0 is NaN).
     NaN statistic when fewer than 3 policies or 2 blocks remain.
     """
-    sub = _select(table, region=region, source=source, slo_multiplier=slo_multiplier)
+    sub = select_cells(table, region=region, source=source, slo_multiplier=slo_multiplier)
     pols = _policies(sub, policies)
-    v = _window_matrix(sub, metric, pols, keys=("source", "window_id"))
+    v = window_matrix(sub, metric, pols, keys=("source", "window_id"))
     defined = v.notna().all(axis=0).to_numpy() if len(v) else np.zeros(len(pols), bool)
     kept = tuple(p for p, d in zip(pols, defined) if d)
     dropped = tuple(p for p, d in zip(pols, defined) if not d)

@@ -21,7 +21,7 @@ def _pair_index(n: int):
     return np.triu_indices(n, 1)
 
 
-def _signs(values: np.ndarray, rtol: float = TIE_RTOL) -> np.ndarray:
+def pair_signs(values: np.ndarray, rtol: float = TIE_RTOL) -> np.ndarray:
     """sign(v_i − v_j) for all i < j along the last axis; NaN where either is NaN.
 
     Differences within ``rtol`` of the larger magnitude count as ties (0).
@@ -36,7 +36,7 @@ def _signs(values: np.ndarray, rtol: float = TIE_RTOL) -> np.ndarray:
     return s
 
 
-def _tau_from_signs(sx: np.ndarray, sy: np.ndarray) -> np.ndarray:
+def tau_from_signs(sx: np.ndarray, sy: np.ndarray) -> np.ndarray:
     """τ_b from pairwise signs (last axis = pairs); pairs undefined on either side are left out."""
     valid = ~(np.isnan(sx) | np.isnan(sy))
     sx = np.where(valid, sx, 0.0)
@@ -55,7 +55,7 @@ def _tau_from_counts(num, n1, n2) -> np.ndarray:
 
 def _tau_rows(x: np.ndarray, y: np.ndarray, rtol: float = TIE_RTOL) -> np.ndarray:
     """τ_b between matching rows of x and y (…, n_items), all at once; NaN items left out."""
-    return _tau_from_signs(_signs(x, rtol), _signs(y, rtol))
+    return tau_from_signs(pair_signs(x, rtol), pair_signs(y, rtol))
 
 
 def kendall_tau_b(x, y, *, rtol: float = 0.0) -> float:
@@ -74,7 +74,7 @@ def kendall_tau_b(x, y, *, rtol: float = 0.0) -> float:
     return float(_tau_rows(x[keep], y[keep], rtol))
 
 
-def _top1(values: np.ndarray, policies: Sequence[str], higher_is_better: bool = True,
+def top1_of(values: np.ndarray, policies: Sequence[str], higher_is_better: bool = True,
           rtol: float = TIE_RTOL):
     """Best policy (ties: alphabetically first; ``policies`` is sorted) and whether it was tied."""
     v = np.asarray(values, dtype=float)

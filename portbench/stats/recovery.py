@@ -12,9 +12,9 @@ import numpy as np
 import pandas as pd
 
 from ..metrics import METRICS
-from .bootstrap import _point_means, _rng, _weighted_means
-from .rank import TIE_RTOL, _signs, _top1
-from .table import BASE_SLO, _policies, _regions, _select, _window_matrix
+from .bootstrap import point_means, _rng, _weighted_means
+from .rank import TIE_RTOL, pair_signs, top1_of
+from .table import BASE_SLO, _policies, table_regions, select_cells, window_matrix
 
 
 def sample_complexity(table: pd.DataFrame, metric: str, source: str, *, sizes=(5, 10, 20, 30, 40),
@@ -31,21 +31,21 @@ def sample_complexity(table: pd.DataFrame, metric: str, source: str, *, sizes=(5
     int seed each n uses ``default_rng(seed + n)`` (the original's scheme), so a size's numbers do
     not depend on the other sizes asked for. Sizes above the number of windows give NaN.
     """
-    sub = _select(table, source=source, slo_multiplier=slo_multiplier)
+    sub = select_cells(table, source=source, slo_multiplier=slo_multiplier)
     pols = _policies(sub, policies)
     sign = 1.0 if (METRICS.get(metric, True) or not direction_aware) else -1.0
     if pool_regions:
         groups = [("ALL", sub)]
     else:
-        groups = [(r, sub[sub["region"] == r]) for r in _regions(sub, regions)]
+        groups = [(r, sub[sub["region"] == r]) for r in table_regions(sub, regions)]
     rows = []
     for region, part in groups:
-        v = sign * _window_matrix(part, metric, pols).to_numpy()
+        v = sign * window_matrix(part, metric, pols).to_numpy()
         nw = v.shape[0]
-        ref = _point_means(v) if nw else np.full(len(pols), np.nan)
+        ref = point_means(v) if nw else np.full(len(pols), np.nan)
         keep = np.isfinite(ref)
-        ref_signs = _signs(ref[keep])
-        ref_top = _top1(ref[keep], range(int(keep.sum())))[0]
+        ref_signs = pair_signs(ref[keep])
+        ref_top = top1_of(ref[keep], range(int(keep.sum())))[0]
         for n in sizes:
             row = {"source": source, "region": region, "n": int(n), "n_windows": nw,
                    "n_policies": int(keep.sum()), "n_draws": n_draws}
@@ -57,7 +57,7 @@ def sample_complexity(table: pd.DataFrame, metric: str, source: str, *, sizes=(5
             weights = np.zeros((n_draws, nw))
             np.put_along_axis(weights, order, 1.0, axis=1)
             means = _weighted_means(weights, v[:, keep])
-            s = _signs(means)
+            s = pair_signs(means)
             # i (alphabetically first) precedes j iff v_i ≥ v_j: compare "≥" patterns, not signs
             same = np.all(np.where(np.isnan(s), False, (s >= 0) == (ref_signs >= 0)), axis=1)
             full = same & np.all(np.isfinite(means), axis=1)

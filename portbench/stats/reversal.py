@@ -15,10 +15,10 @@ import numpy as np
 import pandas as pd
 
 from ..metrics import METRICS
-from .bootstrap import (_column_quantiles, _count_matrix, _point_means, _rng, _weighted_means,
+from .bootstrap import (_column_quantiles, _count_matrix, point_means, _rng, _weighted_means,
                         benjamini_hochberg)
 from .rank import _pair_index
-from .table import BASE_SLO, _policies, _regions, _select, _sources, _window_matrix
+from .table import BASE_SLO, _policies, table_regions, select_cells, table_sources, window_matrix
 
 #: Reversal classes, in the order in which the classifier decides them.
 REVERSAL_CLASSES = ("UNDEFINED", "STABLE", "MICROSCOPIC", "UNSUPPORTED_WIDE_CI",
@@ -49,16 +49,16 @@ def reversals(table: pd.DataFrame, metric: str, region: str, *, sources=None, po
     differences ≤ 0, share ≥ 0)). The test's p = max(p_x, p_y) (intersection–union), BH-adjusted
     (``q``) over all tests of the family with a finite p; ``bh`` = q ≤ ``fdr_q``.
     """
-    sub = _select(table, region=region, slo_multiplier=slo_multiplier)
-    sources = _sources(sub, sources)
+    sub = select_cells(table, region=region, slo_multiplier=slo_multiplier)
+    sources = table_sources(sub, sources)
     pols = _policies(sub, policies)
     ii, jj = _pair_index(len(pols))
     rng = _rng(seed)
     alpha = (1 - confidence_level) / 2
     per = {}
     for s in sources:
-        v = _window_matrix(sub[sub["source"] == s], metric, pols).to_numpy()
-        means = _point_means(v) if len(v) else np.full(len(pols), np.nan)
+        v = window_matrix(sub[sub["source"] == s], metric, pols).to_numpy()
+        means = point_means(v) if len(v) else np.full(len(pols), np.nan)
         diff = v[:, ii] - v[:, jj]                       # windows × pairs, NaN unless both defined
         n_paired = np.count_nonzero(~np.isnan(diff), axis=0)
         if len(v):
@@ -118,7 +118,7 @@ def reversals(table: pd.DataFrame, metric: str, region: str, *, sources=None, po
 
 def reversal_analysis(table: pd.DataFrame, metrics=("anwg",), regions=None, **kwargs) -> pd.DataFrame:
     """:func:`reversals` for every metric × region (each family seeded afresh with ``seed``)."""
-    regions = _regions(table, regions)
+    regions = table_regions(table, regions)
     frames = [reversals(table, m, r, **kwargs) for m in metrics for r in regions]
     out = pd.concat(frames, ignore_index=True)
     out["cls"] = pd.Categorical(out["cls"], categories=list(REVERSAL_CLASSES), ordered=True)

@@ -32,7 +32,7 @@ class ConditionMeans:
     n_excluded_total: int = 0
 
 
-def _select(table: pd.DataFrame, *, region=None, source=None, slo_multiplier=BASE_SLO) -> pd.DataFrame:
+def select_cells(table: pd.DataFrame, *, region=None, source=None, slo_multiplier=BASE_SLO) -> pd.DataFrame:
     if "engine_model" in table.columns and table["engine_model"].nunique() > 1:
         raise ValueError("the table mixes engine models; analyse one at a time")
     mask = np.ones(len(table), dtype=bool)
@@ -58,12 +58,12 @@ def _policies(table: pd.DataFrame, policies) -> tuple:
     return tuple(sorted(str(p) for p in names))
 
 
-def _sources(table: pd.DataFrame, sources) -> tuple:
+def table_sources(table: pd.DataFrame, sources) -> tuple:
     names = table["source"].unique() if sources is None else sources
     return tuple(sorted(str(s) for s in names))
 
 
-def _regions(table: pd.DataFrame, regions) -> tuple:
+def table_regions(table: pd.DataFrame, regions) -> tuple:
     """Regions by increasing load factor when the table has it, else alphabetically."""
     if regions is not None:
         return tuple(regions)
@@ -73,7 +73,7 @@ def _regions(table: pd.DataFrame, regions) -> tuple:
     return tuple(sorted(table["region"].unique()))
 
 
-def _window_matrix(sub: pd.DataFrame, metric, policies, keys=("window_id",)) -> pd.DataFrame:
+def window_matrix(sub: pd.DataFrame, metric, policies, keys=("window_id",)) -> pd.DataFrame:
     """windows × policies of ``metric`` (repeated cells averaged over defined values).
 
     ``metric`` may be a list, giving a (policy-major, metric) column MultiIndex per metric.
@@ -100,7 +100,7 @@ def condition_means(table: pd.DataFrame, metric: str, by=("source", "region"), *
     windows that entered the mean.
     """
     by = [by] if isinstance(by, str) else list(by)
-    sub = _select(table, slo_multiplier=slo_multiplier)
+    sub = select_cells(table, slo_multiplier=slo_multiplier)
     pols = _policies(sub, policies)
     sub = sub[sub["policy"].isin(pols)]
     per_window = sub.groupby(by + ["window_id", "policy"], sort=True)[metric].mean()
