@@ -77,3 +77,21 @@ def test_claim_cells_read_the_study_rules_and_judge_every_engine():
                                   lambda r: r["changes_robust"] > 0)
     assert cells == {"claim_study": "13 of 30", "claim_robust": "0 of 30", "holds_lssp": "fails",
                      "holds_vllm_v1": "holds", "holds_other": "not computed"}
+
+
+def test_a_reading_is_stored_and_read_back_until_its_table_changes(tmp_path):
+    calls = []
+
+    def reading(table, policies, *, scale=1):
+        calls.append(1)
+        return {"n": len(table) * scale, "mean": float(table["anwg"].mean()), "name": policies[0]}
+
+    reading.__name__ = "toy"
+    t = table_of({"a": 0.9, "b": 0.5})
+    first = headlines.stored_reading(reading, t, ("a", "b"), scale=2, data_dir=tmp_path)
+    again = headlines.stored_reading(reading, t, ("a", "b"), scale=2, data_dir=tmp_path)
+    assert first == again == {"n": 2 * len(t), "mean": pytest.approx(0.7), "name": "a"} and len(calls) == 1
+    assert isinstance(again["n"], int)
+    headlines.stored_reading(reading, t.assign(anwg=t["anwg"] / 2), ("a", "b"), scale=2, data_dir=tmp_path)
+    headlines.stored_reading(reading, t, ("a", "b"), scale=3, data_dir=tmp_path)
+    assert len(calls) == 3                      # another table, other arguments: computed again

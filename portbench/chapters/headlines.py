@@ -11,6 +11,8 @@ not on disk (a build on other results), so a chapter can say "not computed" inst
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import pandas as pd
 
@@ -114,8 +116,35 @@ def rq5(table: pd.DataFrame, policies, sources, *, metric: str = "anwg", n: int 
 
 def by_engine(reading, tables: dict, *args, **kwargs) -> dict:
     """``reading(table, *args, **kwargs)`` for each table of ``tables`` (engine → table or None);
-    None where the table is missing."""
-    return {e: (None if t is None else reading(t, *args, **kwargs)) for e, t in tables.items()}
+    None where the table is missing. Each reading is a stored result (:func:`stored_reading`)."""
+    return {e: (None if t is None else stored_reading(reading, t, *args, **kwargs)) for e, t in tables.items()}
+
+
+#: The modules a reading's value depends on (their source is in its stored key).
+CODE = ("chapters/headlines.py", "robust.py", "stats", "metrics.py")
+
+
+def stored_reading(reading, table: pd.DataFrame, *args, data_dir=None, **kwargs) -> dict:
+    """``reading(table, *args, **kwargs)``, kept as a stored result (:mod:`portbench.stored`, folder
+    ``headlines``) keyed on the table's content, the arguments and :data:`CODE`: a rebuild of the
+    book on the same tables reads it instead of recomputing it."""
+    from ..stored import frame_sha256, frame_values, source_fingerprint, stored, values_frame
+
+    params = {"reading": reading.__name__, "args": _plain(args), **_plain(kwargs)}
+    digest = frame_sha256(table)
+    name = f"{reading.__name__}.{hashlib.sha256((digest + repr(params)).encode()).hexdigest()[:16]}"
+    result = stored("headlines", name, lambda: {"values": values_frame(reading(table, *args, **kwargs))},
+                    code=source_fingerprint(CODE), params=params, frames=[table], data_dir=data_dir)
+    return frame_values(result["values"])
+
+
+def _plain(value):
+    """Arguments as JSON values (tuples as lists, numpy numbers as Python ones) for a stored key."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value.item() if isinstance(value, np.generic) else value
 
 
 def value(readings: dict, engine: str, key: str, fmt=lambda v: v, missing: str = "not computed"):
