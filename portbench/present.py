@@ -18,17 +18,9 @@ that every page reads the same way:
 - **Tables** — :func:`table` shows a DataFrame without a 0…n index (a meaningful index becomes
   columns), with readable column names and labels, floats rounded per column and true minus signs.
 - **Figures** — :func:`figure` saves a Matplotlib figure to the chapter's output folder and glues it
-  under a key without showing it in the cell; a markdown cell then places it with a number, a caption
-  and alt text::
-
-      :::{glue:figure} rq2_classes_by_region
-      :name: fig-rq2-classes-by-region
-      :alt: Stacked horizontal bars, one per region, of the tests whose sign changes, by class.
-
-      **Sign changes by region.** What to read from it ...
-      :::
-
-  (figures glue within a page only; the introduction includes saved PNGs with ``{figure}``).
+  under a key without showing it in the cell; a ``{glue:figure}`` markdown cell then places it with a
+  number, a caption and alt text (figures glue within a page only; the introduction includes saved
+  PNGs with ``{figure}``).
 
 A new chapter imports this module (``from portbench import present``) and uses the same helpers; add a
 label to :data:`LABELS` rather than writing one in a notebook.

@@ -17,21 +17,7 @@ field. Row numbers count as a user reads the file: in a CSV the header is row 0 
 row is row 1; in JSONL row ``n`` is line ``n``. Lines with no values at all are skipped (they keep
 their number, so later rows still match the file). Readers never write anything.
 
-Duplicate rows (decision):
-
-* BurstGPT and generic CSV: no duplicate check. BurstGPT timestamps are whole seconds, so equal
-  timestamps, and even equal (timestamp, tokens) rows, are ordinary traffic.
-* Azure: a row whose TIMESTAMP (compared at full parsed precision, 100 ns in the raw files),
-  ContextTokens and GeneratedTokens all equal an earlier row's is an error. At 100 ns resolution two
-  distinct requests practically never coincide, so such a row is a copy (e.g. a file concatenated
-  twice).
-* Bailian: ``chat_id`` identifies a request, so a reused ``chat_id`` is an error. Equal
-  (timestamp, tokens) with distinct ids is legitimate. A file without a ``chat_id`` column falls back
-  to the Azure rule (timestamp + input + output).
-* Mooncake: no duplicate check. Its timestamps come in ticks about 3 s apart (dozens of requests
-  share one), and the conversation trace holds one line repeated verbatim, hashes included; with no
-  request id, a repeat cannot be told from two users sending the same turn.
-* ``allow_duplicates=True`` on :func:`read_azure` / :func:`read_bailian` keeps such rows instead.
+Duplicate rows: each reader's rule is set out in the comment above the readers.
 
 Window cutting (:func:`cut_windows`) follows the study's stride sampler; see
 :func:`stride_window_starts` for the exact rule.
@@ -425,6 +411,22 @@ def _check_duplicates(path: Path, spec: _Spec, t, x, y, rows, ids) -> None:
 
 # --------------------------------------------------------------------------------------------
 # Public readers.
+
+# Duplicate rows (decision):
+#
+# * BurstGPT and generic CSV: no duplicate check. BurstGPT timestamps are whole seconds, so equal
+#   timestamps, and even equal (timestamp, tokens) rows, are ordinary traffic.
+# * Azure: a row whose TIMESTAMP (compared at full parsed precision, 100 ns in the raw files),
+#   ContextTokens and GeneratedTokens all equal an earlier row's is an error. At 100 ns resolution two
+#   distinct requests practically never coincide, so such a row is a copy (e.g. a file concatenated
+#   twice).
+# * Bailian: ``chat_id`` identifies a request, so a reused ``chat_id`` is an error. Equal
+#   (timestamp, tokens) with distinct ids is legitimate. A file without a ``chat_id`` column falls back
+#   to the Azure rule (timestamp + input + output).
+# * Mooncake: no duplicate check. Its timestamps come in ticks about 3 s apart (dozens of requests
+#   share one), and the conversation trace holds one line repeated verbatim, hashes included; with no
+#   request id, a repeat cannot be told from two users sending the same turn.
+# * ``allow_duplicates=True`` on :func:`read_azure` / :func:`read_bailian` keeps such rows instead.
 
 def read_burstgpt(path) -> tuple[pd.DataFrame, ReadReport]:
     """BurstGPT CSV (releases 1–3; columns found by name). Rows with 0 response tokens are failed

