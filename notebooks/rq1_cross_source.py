@@ -223,10 +223,10 @@ present.table(fr.mean_ranks.sort_values().to_frame("mean rank"), digits=2)
 # {doc}`workload`), which moves BurstGPT's knee and so its regions.
 
 # %%
-from portbench.chapters import headlines
+from portbench.chapters import engine_tables, headlines
 
-tables = {e: table if e == engine_model else headlines.headline_table(e) for e in headlines.HEADLINE_ENGINES}
-knee_tables = {e: headlines.headline_table(e, knee="attainable") for e in headlines.HEADLINE_ENGINES}
+tables = engine_tables(engine_model, table)
+knee_tables = engine_tables(engine_model, table, knee="attainable")
 three = headlines.by_engine(headlines.rq1, tables, policies, regions)
 at_knee = headlines.by_engine(headlines.rq1, knee_tables, policies, regions)
 span = lambda r, lo, hi: f"{present.num(r[lo], 2)} to {present.num(r[hi], 2)}"

@@ -304,10 +304,10 @@ present.table(early_late[["source", "region", "tau_b", "ci_low", "ci_high", "bca
 # requests no scheduler can meet at a load left out of its miss count; {doc}`workload`).
 
 # %%
-from portbench.chapters import headlines
+from portbench.chapters import engine_tables, headlines
 
-tables = {e: table if e == engine_model else headlines.headline_table(e) for e in headlines.HEADLINE_ENGINES}
-knee_tables = {e: headlines.headline_table(e, knee="attainable") for e in headlines.HEADLINE_ENGINES}
+tables = engine_tables(engine_model, table)
+knee_tables = engine_tables(engine_model, table, knee="attainable")
 kw = dict(n_resamples=n_resamples, seed=seed, confidence_level=confidence_level, margin=margin)
 three = headlines.by_engine(headlines.rq2, tables, policies, regions, **kw)
 at_knee = headlines.by_engine(headlines.rq2, knee_tables, policies, regions, **kw)

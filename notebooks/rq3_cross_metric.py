@@ -186,9 +186,9 @@ present.table(wins.rename(index=present.label))
 # once; the rule of {doc}`rq8_open_questions`).
 
 # %%
-from portbench.chapters import headlines
+from portbench.chapters import engine_tables, headlines
 
-tables = {e: table if e == engine_model else headlines.headline_table(e) for e in headlines.HEADLINE_ENGINES}
+tables = engine_tables(engine_model, table)
 three = headlines.by_engine(headlines.rq3, tables, policies, sources, regions)
 pct1 = lambda v: present.pct(v, 1)
 for e in headlines.HEADLINE_ENGINES:

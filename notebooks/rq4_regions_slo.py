@@ -191,9 +191,9 @@ present.figure("rq4_slo_tau", fig, output_dir, "rq4_slo_tau.png")
 # deadline, so many of the study's top-1s are ties decided by name.
 
 # %%
-from portbench.chapters import headlines
+from portbench.chapters import engine_tables, headlines
 
-tables = {e: table if e == engine_model else headlines.headline_table(e) for e in headlines.HEADLINE_ENGINES}
+tables = engine_tables(engine_model, table)
 slo_regions = [r for r in regions if r != "LOW"]
 three = headlines.by_engine(headlines.rq4, tables, policies, slo_regions, tuple(variants))
 for e in headlines.HEADLINE_ENGINES:

@@ -157,9 +157,9 @@ present.table(pooled.pivot_table(index="source", columns="n", values=["p_full", 
 # {doc}`rq8_open_questions`). The same draws serve both.
 
 # %%
-from portbench.chapters import headlines
+from portbench.chapters import engine_tables, headlines
 
-tables = {e: table if e == engine_model else headlines.headline_table(e) for e in headlines.HEADLINE_ENGINES}
+tables = engine_tables(engine_model, table)
 three = headlines.by_engine(headlines.rq5, tables, policies, sources, metric=metric, n_draws=n_draws,
                             threshold=recovery_threshold)
 p2 = lambda v: present.num(v, 2)

@@ -599,9 +599,9 @@ glue("rq7_real_brief", ("no run on disk" if rq7_case is None or not rq7_case.has
 # predictions).
 
 # %%
-from portbench.chapters import headlines
+from portbench.chapters import engine_tables, headlines
 
-rank_tables = {e: table if e == engine_model else headlines.headline_table(e) for e in headlines.HEADLINE_ENGINES}
+rank_tables = engine_tables(engine_model, table)
 summaries = {e: None if t is None else headlines.rank_summary(t, EXTENDED, metric) for e, t in rank_tables.items()}
 rows = []
 for e, summ in summaries.items():

@@ -29,6 +29,7 @@ import pandas as pd
 
 from ..book import resolve_panel
 from ..campaign import load_results
+from .headlines import HEADLINE_ENGINES, headline_table
 from ..metrics import METRICS
 from ..regions import REGIONS
 from ..workload import PREDICTION_RELATIVE_ERROR
@@ -96,3 +97,11 @@ def open_chapter(engine_model: str, results_path: str | Path = "", output_dir: s
     regions = [r for r in REGIONS if r in set(table["region"])]
     sources = sorted(set(table["source"]))
     return Chapter(table, policies, regions, sources)
+
+
+def engine_tables(engine_model: str, table: pd.DataFrame, *, knee: str = "study") -> dict:
+    """Engine model → campaign table for each of :data:`~.headlines.HEADLINE_ENGINES`: at the study's
+    knee, the chapter's own ``table`` for its engine model and the committed table for the others; at
+    the attainable knee, the committed tables. None where a table is not on disk."""
+    return {e: table if knee == "study" and e == engine_model else headline_table(e, knee=knee)
+            for e in HEADLINE_ENGINES}

@@ -126,8 +126,6 @@ def capacity_label(kv_tokens: int) -> str:
     return f"{kv_tokens // 1024}k tokens"
 
 
-__all__ = ["OFF", "ON", "CAPACITIES", "as_sources", "on_vs_off", "advantage", "best_cache_aware",
-           "versus_study", "hit_rates", "preempting_cells", "capacity_label"]
 
 
 #: Each cache-aware order and the cache-blind order it refines: shortest-job-first on uncached work
@@ -155,3 +153,8 @@ def twin_differences(table: pd.DataFrame, metric: str = "anwg", *, regions, n_re
                 rows.append({"region": region, "policy": policy, "twin": twin, "difference": d,
                              "ci_low": ci.low, "ci_high": ci.high})
     return pd.DataFrame(rows)
+
+
+__all__ = ["OFF", "ON", "CAPACITIES", "as_sources", "on_vs_off", "advantage", "best_cache_aware",
+           "versus_study", "hit_rates", "preempting_cells", "capacity_label", "TWINS",
+           "saturated_share", "twin_differences"]
