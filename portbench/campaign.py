@@ -30,7 +30,7 @@ import pandas as pd
 from . import results, store
 from .stored import source_fingerprint
 from .engine import engine_model, simulate
-from .metrics import METRICS, cell_metrics
+from .metrics import METRICS, cell_metrics, phase_attainment
 from .policies import STUDY_POLICIES, make_policy
 from .regions import KNEES, REGIONS, find_lambda_ref
 from .results import campaign_cache_dir as cache_dir, campaign_path as results_path, results_dir  # noqa: F401
@@ -49,6 +49,10 @@ RESULT_COLUMNS = IDENTITY_COLUMNS + list(METRICS) + DIAGNOSTIC_COLUMNS + ["cell_
 #: A campaign with the prefix cache on adds, per cell, the tokens its admissions looked up in the
 #: cache and those the cache served (their ratio is the cell's hit rate).
 PREFIX_COLUMNS = ["prefix_queried_tokens", "prefix_hit_tokens"]
+#: ... and, with an offload tier, the hit tokens loaded from it.
+TIER_COLUMNS = ["prefix_tier_hit_tokens"]
+#: A campaign with ``phase_metrics`` adds RQ8's per-phase attainments (:func:`metrics.phase_attainment`).
+PHASE_COLUMNS = ["attainment_ttft", "attainment_tpot", "attainment_ttft_tpot"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +81,10 @@ class CampaignConfig:
     ``lambda_ref_from``: the table name (:attr:`table_name`) of another campaign whose λ_ref each
     window takes instead of being calibrated (its λ_ref file must be on disk): two configurations
     then run at the same absolute loads (RQ9's cache on at the cache-off knee). Needs a ``tag``.
+
+    ``phase_metrics``: each cell also carries RQ8's TTFT, TPOT and joint attainments
+    (:data:`PHASE_COLUMNS`). An engine model with ``warm_start`` gets its windows with their history
+    (``store.load_windows(..., history=True)``).
     """
 
     engine_model: str = "lssp"
@@ -90,6 +98,7 @@ class CampaignConfig:
     tag: str = ""
     knee: str = "study"
     lambda_ref_from: str = ""
+    phase_metrics: bool = False
 
     def __post_init__(self):
         if self.lambda_ref_from and not self.tag:
@@ -168,6 +177,8 @@ def shard_key(window: Window, config: CampaignConfig, slo_multiplier: float, fin
         payload["knee"] = config.knee
     if config.lambda_ref_from:
         payload["lambda_ref_from"] = config.lambda_ref_from
+    if config.phase_metrics:
+        payload["phase_metrics"] = True
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
@@ -186,6 +197,7 @@ def run_window(window: Window, config: CampaignConfig, slo_multiplier: float, fi
     model = config.model()
     key = shard_key(window, config, slo_multiplier, fingerprint)
     caching = getattr(model, "enable_prefix_caching", False)
+    tiered = caching and getattr(model, "offload_kv_tokens", 0) > 0
     lam = lambda_ref if lambda_ref is not None else calibrate(window, config).lambda_ref
     variant = window if slo_multiplier == window.slo_multiplier else with_slo(window, slo_multiplier)
     variant = with_prediction_error(variant, config.prediction_error)
@@ -198,6 +210,12 @@ def run_window(window: Window, config: CampaignConfig, slo_multiplier: float, fi
         if region not in scaled:
             scaled[region] = scale(variant, factor * lam)
         result = simulate(scaled[region], make_policy(policy), model)
+        extra = phase_attainment(result, scaled[region]) if config.phase_metrics else {}
+        if caching:
+            extra.update(prefix_queried_tokens=result.prefix_queried_tokens,
+                         prefix_hit_tokens=result.prefix_hit_tokens)
+        if tiered:
+            extra["prefix_tier_hit_tokens"] = result.prefix_tier_hit_tokens
         n_done = int(result.completed.sum())
         n_never = int(np.isnan(result.admit_s).sum())
         rows.append({
@@ -208,11 +226,18 @@ def run_window(window: Window, config: CampaignConfig, slo_multiplier: float, fi
             **cell_metrics(result),
             "n_completed": n_done, "n_dropped": n_never, "n_unfinished": len(window) - n_done - n_never,
             "n_preemptions": result.n_preemptions, "n_steps": result.n_steps,
-            "cell_key": cell_key(key, region, policy),
-            **({"prefix_queried_tokens": result.prefix_queried_tokens,
-                "prefix_hit_tokens": result.prefix_hit_tokens} if caching else {}),
+            "cell_key": cell_key(key, region, policy), **extra,
         })
-    return pd.DataFrame(rows, columns=RESULT_COLUMNS + (PREFIX_COLUMNS if caching else []))
+    return pd.DataFrame(rows, columns=RESULT_COLUMNS + extra_columns(config))
+
+
+def extra_columns(config: CampaignConfig) -> list[str]:
+    """The columns a cell of ``config`` has past :data:`RESULT_COLUMNS`."""
+    model = config.model()
+    caching = getattr(model, "enable_prefix_caching", False)
+    return ((PREFIX_COLUMNS if caching else [])
+            + (TIER_COLUMNS if caching and getattr(model, "offload_kv_tokens", 0) > 0 else [])
+            + (PHASE_COLUMNS if config.phase_metrics else []))
 
 
 def calibrate(window: Window, config: CampaignConfig):
@@ -259,7 +284,8 @@ def run_campaign(config: CampaignConfig | None = None, *, data_dir: Path | None 
     """
     config = config or CampaignConfig()
     t0 = time.perf_counter()
-    windows = store.load_windows(data_dir, window_ids=config.window_ids)
+    windows = store.load_windows(data_dir, window_ids=config.window_ids,
+                                 history=getattr(config.model(), "warm_start", False))
     fingerprint = code_fingerprint(config.engine_model)
     cache = results.ShardCache(cache_dir(config.table_name, data_dir, config.prediction_error),
                                RESULT_COLUMNS, merge_on=("region", "policy"))
@@ -397,7 +423,7 @@ def assemble(frames, config: CampaignConfig) -> pd.DataFrame:
     policy_rank = {p: k for k, p in enumerate(config.policies)}
     table = table.assign(_r=table["region"].map(region_rank), _p=table["policy"].map(policy_rank))
     table = table.sort_values(["source", "window_id", "slo_multiplier", "_r", "_p"], kind="stable")
-    columns = RESULT_COLUMNS + [c for c in PREFIX_COLUMNS if c in table.columns]
+    columns = RESULT_COLUMNS + [c for c in PREFIX_COLUMNS + TIER_COLUMNS + PHASE_COLUMNS if c in table.columns]
     return table.drop(columns=["_r", "_p"]).reset_index(drop=True)[columns]
 
 

@@ -89,15 +89,19 @@ def _rq9_campaign(args) -> int:
     unknown = sorted(set(args.configurations or ()) - set(rq9.TAGS))
     if unknown:
         raise SystemExit(f"unknown RQ9 configuration(s) {', '.join(unknown)}; known: {', '.join(rq9.TAGS)}")
-    ids = rq9.source_window_ids(args.windows, args.data_dir)
-    for name, config in rq9.configs(ids, args.data_dir).items():
-        if name not in (args.configurations or rq9.TAGS):
-            continue
-        if not args.force and results_are_current(config, args.data_dir):
-            print(f"RQ9 results ({name}) are up to date: nothing to do (--force recomputes)")
-            continue
-        print(run_campaign(config, data_dir=args.data_dir, executor=args.executor, workers=args.workers,
-                           address=args.address, progress=not args.quiet).line())
+    for source in args.source or rq9.SOURCES:
+        ids = rq9.source_window_ids(args.windows, args.data_dir, source=source)
+        for name, config in rq9.configs(ids, args.data_dir, source=source).items():
+            if name not in (args.configurations or rq9.TAGS):
+                continue
+            if not args.force and results_are_current(config, args.data_dir):
+                print(f"RQ9 results ({source}, {name}) are up to date: nothing to do (--force recomputes)")
+                continue
+            print(run_campaign(config, data_dir=args.data_dir, executor=args.executor, workers=args.workers,
+                               address=args.address, progress=not args.quiet).line())
+        if not args.windows and (not args.configurations or "off" in args.configurations):
+            print(f"RQ9 hit rates ({source}) -> {rq9.hit_rate_path(source, args.data_dir)}")
+            rq9.hit_rate_table(source, args.data_dir, force=args.force)
     return 0
 
 
@@ -367,17 +371,23 @@ def register(sub) -> None:
     p.set_defaults(func=_rq8_campaign)
 
     p = sub.add_parser(
-        "rq9-campaign", help="RQ9: the prefix-hashed source with vLLM's prefix cache off and on",
-        description="Run the vllm_v1 engine model on the prefix-hashed source's windows "
-                    "(mooncake_conversation) with its prefix cache off, and on at three KV capacities, "
-                    "with the study's 13 policies, vllm_v0_priority and the cache-aware lpm, dfs_weight and "
-                    "cache_aware_sjf, in every region at the base SLO; each configuration calibrated at "
-                    "its own knee. Writes data/results/campaign_vllm_v1_rq9_<configuration>.parquet and "
-                    "its λ_ref table; finished windows are cached, so a rerun reuses them and a killed run "
-                    "resumes.",
+        "rq9-campaign", help="RQ9: the prefix-hashed sources with vLLM's prefix cache off, on, warm, tiered",
+        description="Run the vllm_v1 engine model on the prefix-hashed sources' windows "
+                    "(mooncake_conversation, mooncake_synthetic) with its prefix cache off; on, cold, at "
+                    "three KV capacities (the first source); on and warm; warm with a 4M-token offload "
+                    "tier; each at its own knee and (the primary reading) at the cache-off knee; with the "
+                    "study's 13 policies, vllm_v0_priority and the cache-aware lpm, dfs_weight and "
+                    "cache_aware_sjf, in every region at SLO x20 and x1, with TTFT attainment. Writes "
+                    "data/results/campaign_vllm_v1_rq9_*.parquet, their λ_ref tables and each source's "
+                    "hit-rate table; finished windows are cached, so a rerun reuses them and a killed "
+                    "run resumes.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--configurations", nargs="+", metavar="NAME",
-                   help="off, on_131072, on_262144, on_524288 (default: all)")
+                   help="configurations (default: all; see portbench.rq9): off, on_<kv> and "
+                        "on_<kv>_same_load (cold, first source only), warm_131072[_same_load], "
+                        "tier_4194304[_same_load]")
+    p.add_argument("--source", nargs="+", choices=["mooncake_conversation", "mooncake_synthetic"],
+                   help="prefix-hashed sources (default: both)")
     p.add_argument("--windows", type=int, metavar="N", help="only the source's first N windows")
     p.add_argument("--executor", choices=["local", "dask"], default="local")
     p.add_argument("--address", help="Dask scheduler address (with --executor dask)")

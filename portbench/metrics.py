@@ -22,6 +22,8 @@ import math
 
 import numpy as np
 
+from .workload import DECODE_S_PER_TOKEN, PREFILL_S_PER_TOKEN, Window
+
 #: metric -> True when higher is better. ANWG is the primary metric.
 METRICS = {
     "anwg": True,
@@ -114,3 +116,38 @@ def slo_violation_rate(result, among=None) -> float:
     if n == 0:
         return 1.0
     return float((result.finish_s[done] > result.deadline_s[done]).sum()) / n
+
+
+def phase_bounds(window: Window) -> tuple[np.ndarray, float]:
+    """Per-request TTFT bounds (s) and the TPOT bound (s per token) of a (scaled) window.
+
+    The study's budget of a request is m·(0.0004 s·input + 0.02 s·predicted output), divided by the
+    compression s. Split by phase: the first token may take the prompt's share plus one token's,
+    m·(0.0004 s·input + 0.02 s)/s, and every later token m·0.02 s/s on average. A request that meets
+    both finishes within m·(0.0004 s·input + 0.02 s·output)/s of its arrival: the study's deadline
+    with its true output length in place of the predicted one.
+    """
+    m, s = float(window.slo_multiplier), float(window.time_scale)
+    ttft = m * (PREFILL_S_PER_TOKEN * np.asarray(window.input_tokens, dtype=np.float64)
+                + DECODE_S_PER_TOKEN) / s
+    return ttft, m * DECODE_S_PER_TOKEN / s
+
+
+def phase_attainment(result, window: Window) -> dict:
+    """Shares of all arrivals that complete and meet the TTFT bound, the TPOT bound, and both.
+
+    TPOT of a request is (finish − first token) ÷ (output − 1); a one-token request meets it by
+    completing. A request that never completes meets neither.
+    """
+    n = len(result.arrival_s)
+    if n == 0:
+        return {"attainment_ttft": math.nan, "attainment_tpot": math.nan, "attainment_ttft_tpot": math.nan}
+    ttft_bound, tpot_bound = phase_bounds(window)
+    done = result.completed & ~np.isnan(result.first_token_s)
+    with np.errstate(invalid="ignore"):
+        ttft_ok = done & (result.first_token_s - result.arrival_s <= ttft_bound)
+        later = np.maximum(result.output_tokens - 1, 1)
+        tpot = np.where(result.output_tokens > 1, (result.finish_s - result.first_token_s) / later, 0.0)
+        tpot_ok = done & (tpot <= tpot_bound)
+    return {"attainment_ttft": float(ttft_ok.sum()) / n, "attainment_tpot": float(tpot_ok.sum()) / n,
+            "attainment_ttft_tpot": float((ttft_ok & tpot_ok).sum()) / n}

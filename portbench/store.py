@@ -22,12 +22,17 @@ Prefix-hashed sources (e.g. Mooncake's traces) keep each request's prompt-block 
 column ``block_hashes`` of their Parquet file, and their manifest rows say how many prompt tokens a
 block holds (``block_tokens``). Their ``sha256`` covers the hashes too (:func:`rows_sha256`); sources
 without hashes have no such column and keep the checksum they always had. :func:`load_block_hashes`
-reads them (outside :class:`~portbench.workload.Window`, which the engines see).
+reads them (outside :class:`~portbench.workload.Window`, which the engines see). Their raw traces
+are shipped in ``data/traces/`` (:data:`TRACE_FILES`, checked against :data:`TRACE_SHA256`), so that
+``load_window(..., history=True)`` can give a window its history, the trace's requests before it, for
+a warm prefix cache (:func:`window_history`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import lzma
 import os
 import tempfile
 from collections.abc import Iterable
@@ -38,7 +43,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from .workload import Window, make_window
+from .workload import History, Window, make_window
 
 #: Columns of a source's Parquet file, in order.
 REQUEST_COLUMNS = ["window_id", "request_index", "arrival_s", "input_tokens", "output_tokens",
@@ -52,6 +57,19 @@ HASH_COLUMN = "block_hashes"
 SOURCES_OF_THE_STUDY = ("azure_llm_2024", "bailian_qwen", "burstgpt")
 #: The shipped source whose prompts carry prefix block hashes (RQ9; :mod:`portbench.engine.prefix`).
 PREFIX_HASHED_SOURCE = "mooncake_conversation"
+#: Every shipped prefix-hashed source; none is one of the study's, so no default selection takes them.
+PREFIX_HASHED_SOURCES = ("mooncake_conversation", "mooncake_synthetic")
+#: Each prefix-hashed source's raw trace, shipped with the project, relative to the data folder.
+TRACE_FILES = {"mooncake_conversation": "traces/mooncake/conversation_trace.jsonl.xz",
+               "mooncake_synthetic": "traces/mooncake/synthetic_trace.jsonl.xz"}
+#: SHA-256 of each shipped trace's decompressed JSON lines (as the trace's publisher gives them;
+#: data/README.md), checked when the trace is read.
+TRACE_SHA256 = {
+    "traces/mooncake/conversation_trace.jsonl.xz":
+        "b8cbb061a85206d729d91cdc2981f43c9e0d99209dce588d3af5f7934408b9df",
+    "traces/mooncake/synthetic_trace.jsonl.xz":
+        "bd070915a98fc0ed264d7cfef2ce746002eb3076a695ec31ba2674c0111ec131",
+}
 
 
 class WindowStoreError(RuntimeError):
@@ -201,9 +219,11 @@ def _entry(window_id: str, data_dir: Path | None) -> pd.Series:
     return entry.iloc[0]
 
 
-def load_window(window_id: str, data_dir: Path | None = None) -> Window:
-    """Load one window (of any source) and verify its checksum."""
-    return _window_from_entry(_entry(window_id, data_dir), data_dir)
+def load_window(window_id: str, data_dir: Path | None = None, *, history: bool = False) -> Window:
+    """Load one window (of any source) and verify its checksum. ``history``: also attach the trace's
+    requests before it (:func:`window_history`; prefix-hashed sources only)."""
+    window = _window_from_entry(_entry(window_id, data_dir), data_dir)
+    return _with_history(window, data_dir) if history else window
 
 
 def load_block_hashes(window_id: str, data_dir: Path | None = None) -> list[np.ndarray]:
@@ -218,10 +238,11 @@ def load_block_hashes(window_id: str, data_dir: Path | None = None) -> list[np.n
 
 
 def load_windows(data_dir: Path | None = None, source: str | None = None,
-                 window_ids: Iterable[str] | None = None, *, every_source: bool = False) -> list[Window]:
+                 window_ids: Iterable[str] | None = None, *, every_source: bool = False,
+                 history: bool = False) -> list[Window]:
     """Load and verify many windows, in manifest order (``window_ids``: in that order). With no source
     and no window ids named: the study's windows, or every window with ``every_source`` (module
-    docstring); named window ids may be of any source."""
+    docstring); named window ids may be of any source. ``history``: as :func:`load_window`'s."""
     manifest = list_windows(data_dir, source, every_source=every_source or window_ids is not None)
     if window_ids is not None:
         wanted = list(window_ids)
@@ -229,7 +250,140 @@ def load_windows(data_dir: Path | None = None, source: str | None = None,
         if unknown:
             raise KeyError(f"unknown windows: {unknown}")
         manifest = manifest.set_index("window_id").loc[wanted].reset_index()
-    return [_window_from_entry(row, data_dir) for _, row in manifest.iterrows()]
+    if not history:
+        return [_window_from_entry(row, data_dir) for _, row in manifest.iterrows()]
+    for name in dict.fromkeys(manifest["source"]):      # refuse before loading anything
+        _trace_file_of(name)
+    return [_with_history(_window_from_entry(row, data_dir), data_dir) for _, row in manifest.iterrows()]
+
+
+# --------------------------------------------------------------------------------------------
+# The prefix-hashed sources' shipped traces, and a window's history (the requests before it).
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Trace:
+    """A shipped trace's valid rows, in order, as :func:`portbench.traces.read_mooncake` reads them
+    (read-only int64 arrays: a history is a view of them, never a copy)."""
+
+    path: str
+    input_tokens: np.ndarray
+    output_tokens: np.ndarray
+    block_hashes: tuple
+    block_tokens: int
+
+
+def _trace_file_of(source: str) -> str:
+    """The shipped trace of ``source``, relative to the data folder; a KeyError naming the source
+    where it has none."""
+    if source not in TRACE_FILES:
+        raise KeyError(f"source {source!r} has no shipped trace, so its windows have no history; "
+                       f"sources with one: {sorted(TRACE_FILES)}")
+    return TRACE_FILES[source]
+
+
+def trace_path(source: str, data_dir: Path | None = None) -> Path:
+    """Where the raw trace of a prefix-hashed source is shipped (``data/traces/...``)."""
+    return Path(data_dir or default_data_dir()) / _trace_file_of(source)
+
+
+def _restore_trace(path) -> str:
+    return (f"restore the shipped trace from git (`git checkout -- data/traces`); {path} must be the "
+            "byte-identical copy that data/README.md describes")
+
+
+@lru_cache(maxsize=4)
+def _read_trace(path: str, stamp: tuple, sha256: str) -> _Trace:
+    # ``stamp`` (mtime, inode, size) only keys the cache: a rewritten file is read again.
+    from . import traces        # (traces imports this module)
+    digest = hashlib.sha256()
+    try:
+        with lzma.open(path) as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+    except (lzma.LZMAError, EOFError) as exc:
+        raise WindowStoreError(f"{path}: not a readable xz file ({exc}); {_restore_trace(path)}") from None
+    if digest.hexdigest() != sha256:
+        raise WindowStoreError(f"{path}: its decompressed SHA-256 is {digest.hexdigest()[:12]}…, the "
+                               f"shipped trace's is {sha256[:12]}…; {_restore_trace(path)}")
+    frame, report = traces.read_mooncake(path)
+    columns = [frame[c].to_numpy(dtype=np.int64, copy=True) for c in ("input_tokens", "output_tokens")]
+    hashes = tuple(np.array(h, dtype=np.int64) for h in frame["block_hashes"])
+    for array in (*columns, *hashes):
+        array.setflags(write=False)
+    return _Trace(path, *columns, hashes, int(report.block_tokens))
+
+
+def _shipped_trace(source: str, data_dir: Path | None) -> _Trace:
+    """The verified, parsed shipped trace of ``source``: read once per process (and file version)."""
+    rel = _trace_file_of(source)
+    path = Path(data_dir or default_data_dir()) / rel
+    if not path.is_file():
+        raise WindowStoreError(f"source {source!r}: its shipped trace {path} is missing; "
+                               f"{_restore_trace(path)}")
+    st = path.stat()
+    return _read_trace(str(path), (st.st_mtime_ns, st.st_ino, st.st_size), TRACE_SHA256[rel])
+
+
+def trace_history(source: str, data_dir: Path | None = None) -> History:
+    """The whole shipped trace of ``source`` (every valid row, in order) as a
+    :class:`~portbench.workload.History`: e.g. to serve it all one request after another."""
+    trace = _shipped_trace(source, data_dir)
+    return History(trace.input_tokens, trace.output_tokens, trace.block_hashes, trace.block_tokens)
+
+
+def _check_rows_match(window: Window, trace: _Trace, start: int) -> None:
+    """Refuse a window whose requests are not the trace's valid rows ``[start, start + n)``."""
+    n = len(window)
+    head = f"window {window.window_id!r} and the shipped trace {trace.path} disagree"
+    fix = ("the trace and the window store must be the shipped ones: restore both from git, or cut the "
+           "source again from this trace (`portbench windows add ... --replace`)")
+    if not 0 <= start <= len(trace.input_tokens) - n:
+        raise WindowStoreError(f"{head}: the window's rows [{start}, {start + n}) are not among the "
+                               f"trace's {len(trace.input_tokens)} valid rows; {fix}")
+    for name in ("input_tokens", "output_tokens"):
+        ours, theirs = getattr(window, name), getattr(trace, name)[start:start + n]
+        bad = np.flatnonzero(ours != theirs)
+        if bad.size:
+            i = int(bad[0])
+            raise WindowStoreError(f"{head}: request {i} has {name} {ours[i]}, the trace's valid row "
+                                   f"{start + i} has {theirs[i]}; {fix}")
+    if window.block_hashes is None:
+        raise WindowStoreError(f"{head}: the window has no block hashes; {fix}")
+    for i, (ours, theirs) in enumerate(zip(window.block_hashes, trace.block_hashes[start:start + n])):
+        if not np.array_equal(ours, theirs):
+            raise WindowStoreError(f"{head}: request {i}'s block hashes differ from the trace's valid "
+                                   f"row {start + i}; {fix}")
+
+
+def window_history(window: Window, data_dir: Path | None = None) -> History:
+    """The shipped trace's valid rows before ``window``'s first request (rows
+    ``[0, start_index_in_valid_rows)``, in order) as a :class:`~portbench.workload.History`, after
+    checking that the rows from there on are the window's own requests (tokens and block hashes).
+
+    Its arrays are read-only views of the trace, read and verified once per process. A KeyError
+    names a source with no shipped trace; a :class:`WindowStoreError` says where the trace, its
+    checksum or its rows disagree with the store.
+    """
+    trace = _shipped_trace(window.source, data_dir)
+    where = f"window {window.window_id!r}"
+    expected_file = Path(_trace_file_of(window.source)).name
+    if window.meta.get("source_file") != expected_file:
+        raise WindowStoreError(f"{where}: cut from {window.meta.get('source_file')!r}, but its source's "
+                               f"shipped trace is {expected_file!r}")
+    if window.meta.get("block_tokens") != trace.block_tokens:
+        raise WindowStoreError(f"{where}: blocks of {window.meta.get('block_tokens')} tokens, the trace's "
+                               f"are of {trace.block_tokens}")
+    start = window.meta.get("start_index_in_valid_rows")
+    if start is None or start != int(start):
+        raise WindowStoreError(f"{where}: its manifest row has no valid-row start index ({start!r})")
+    start = int(start)
+    _check_rows_match(window, trace, start)
+    return History(trace.input_tokens[:start], trace.output_tokens[:start], trace.block_hashes[:start],
+                   trace.block_tokens)
+
+
+def _with_history(window: Window, data_dir: Path | None) -> Window:
+    return dataclasses.replace(window, history=window_history(window, data_dir))
 
 
 def _verified_rows(entry: pd.Series, data_dir: Path | None) -> pd.DataFrame:

@@ -27,6 +27,29 @@ MAX_PREDICTION_RELATIVE_ERROR = 5.0
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
+class History:
+    """The trace's requests before a window, in arrival order, for a warm prefix cache: their prompt
+    and output tokens and prompt-block hash ids (``block_tokens`` prompt tokens a hash). No times:
+    a warm cache is what serving them one after another leaves (see
+    :mod:`portbench.engine.blockpool`)."""
+
+    input_tokens: np.ndarray
+    output_tokens: np.ndarray
+    block_hashes: tuple
+    block_tokens: int
+
+    def __post_init__(self):
+        n = len(self.input_tokens)
+        if len(self.output_tokens) != n or len(self.block_hashes) != n:
+            raise ValueError(f"History: {n} input counts, {len(self.output_tokens)} output counts, "
+                             f"{len(self.block_hashes)} hash lists")
+        object.__setattr__(self, "block_hashes", tuple(self.block_hashes))
+
+    def __len__(self) -> int:
+        return len(self.input_tokens)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
 class Window:
     """One workload window.
 
@@ -35,6 +58,8 @@ class Window:
     ``slo_multiplier`` the SLO definition the deadlines were built with. ``block_hashes``: a
     prefix-hashed source's prompt-block hash ids, one int64 array per request (``meta["block_tokens"]``
     prompt tokens a hash; see :mod:`portbench.engine.prefix`), or None where the source has none.
+    ``history``: the trace's requests before the window (:class:`History`), for an engine model that
+    starts with a warm prefix cache; None unless loaded (``store.load_window(..., history=True)``).
     """
 
     window_id: str
@@ -48,6 +73,7 @@ class Window:
     time_scale: float = 1.0
     meta: Mapping = dataclasses.field(default_factory=dict)
     block_hashes: tuple | None = None
+    history: History | None = None
 
     def __post_init__(self):
         n = len(self.arrival_s)

@@ -244,9 +244,7 @@ def test_the_shipped_mooncake_windows_load_with_their_hashes(data_dir):
 
 
 def test_the_shipped_windows_are_the_cut_of_the_raw_trace(data_dir):
-    raw = data_dir.parent.parent / "shared" / "traces" / "mooncake" / RAW
-    if not raw.exists():
-        pytest.skip("../shared/traces/mooncake not present")
+    raw = store.trace_path(SOURCE, data_dir)
     frame, report = read_mooncake(raw)
     assert report.rows_valid == 12_031
     cut = cut_windows(frame, n_windows=40, seed=20260904, source=SOURCE)
@@ -277,7 +275,7 @@ def test_default_selections_are_the_studys_windows(data_dir):
     assert len(ids) == 120 and not any(i.startswith(SOURCE) for i in ids)
     assert {w.source for w in store.load_windows(data_dir)} == set(store.SOURCES_OF_THE_STUDY)
     every = store.list_windows(data_dir, every_source=True)
-    assert set(every["source"]) == {*store.SOURCES_OF_THE_STUDY, SOURCE} and len(every) == 160
+    assert set(every["source"]) == {*store.SOURCES_OF_THE_STUDY, *store.PREFIX_HASHED_SOURCES} and len(every) == 176
     # named explicitly, the new source's windows are there
     assert len(store.list_windows(data_dir, SOURCE)) == 40
     named = store.load_windows(data_dir, window_ids=[f"{SOURCE}_w03", "burstgpt_stage0_w00"])

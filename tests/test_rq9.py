@@ -50,9 +50,18 @@ def test_a_cell_with_the_cache_on_counts_the_tokens_the_cache_served():
 
 def test_rq9_configurations():
     c = rq9.configs()
-    assert list(c) == ["off", *(f"on_{kv}" for kv in rq9.CAPACITIES),
-                       *(f"on_{kv}_same_load" for kv in rq9.SAME_LOAD_CAPACITIES)]
-    assert all(len(x.window_ids) == 40 and x.policies == rq9.PANEL for x in c.values())
+    assert list(c) == list(rq9.TAGS)
+    assert all(len(x.window_ids) == 40 and x.policies == rq9.PANEL and x.phase_metrics for x in c.values())
+    tier = c[f"tier_{rq9.TIER_KV}_same_load"].model()
+    assert tier.warm_start and tier.offload_kv_tokens == rq9.TIER_KV and tier.max_kv_tokens == rq9.GPU_KV
+    synthetic = rq9.configs(source="mooncake_synthetic")
+    assert list(synthetic) == [k for k in rq9.TAGS if k not in rq9.COLD]
+    assert all(len(x.window_ids) == 16 and "synthetic" in x.tag for x in synthetic.values())
+    assert synthetic["warm_131072_same_load"].lambda_ref_from == synthetic["off"].table_name
+    with pytest.raises(KeyError, match="first source only|runs on"):
+        rq9.tag("on_131072", "mooncake_synthetic")
+    with pytest.raises(KeyError, match="unknown RQ9 source"):
+        rq9.configs(source="burstgpt")
     assert all(x.slo_multipliers == (20.0, rq9.TIGHT_SLO) for x in c.values())
     same = c[f"on_{rq9.SAME_LOAD_CAPACITIES[0]}_same_load"]
     assert same.lambda_ref_from == c["off"].table_name and same.model().enable_prefix_caching

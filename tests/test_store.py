@@ -81,8 +81,9 @@ def test_store_matches_the_shared_copy_exactly(data_dir):
 def test_cli_windows_list(data_dir, capsys):
     assert cli_main(["--data-dir", str(data_dir), "windows", "list"]) == 0
     out = capsys.readouterr().out
-    # the listing shows every source in the store, the added one too
-    assert "160 windows: azure_llm_2024 40, bailian_qwen 40, burstgpt 40, mooncake_conversation 40" in out
+    # the listing shows every source in the store, the added ones too
+    assert ("176 windows: azure_llm_2024 40, bailian_qwen 40, burstgpt 40, mooncake_conversation 40, "
+            "mooncake_synthetic 16") in out
 
 
 # --- damage and crash safety --------------------------------------------------------------------
@@ -232,7 +233,8 @@ def test_replace_alternates_files_and_keeps_the_shipped_layout_readable(data_dir
     assert (store_dir / "windows" / "burstgpt.1.parquet").exists()
     store.write_source("burstgpt", [_window("burstgpt_x00", bump=3)], store_dir, replace=True)
     assert sorted(_files(store_dir)) == ["azure_llm_2024.parquet", "bailian_qwen.parquet",
-                                         "burstgpt.parquet", "manifest.csv", "mooncake_conversation.parquet"]
+                                         "burstgpt.parquet", "manifest.csv", "mooncake_conversation.parquet",
+                                         "mooncake_synthetic.parquet"]
     after = _content(store_dir)
     assert [c for c in after if c[1] != "burstgpt"] == [c for c in shipped if c[1] != "burstgpt"]
     (w,) = store.load_windows(store_dir, source="burstgpt")

@@ -155,6 +155,35 @@ def twin_differences(table: pd.DataFrame, metric: str = "anwg", *, regions, n_re
     return pd.DataFrame(rows)
 
 
+def policy_gains(off: pd.DataFrame, on: pd.DataFrame, metric: str = "anwg", *, policies) -> pd.DataFrame:
+    """Per policy: its mean ``metric`` over every (window, region) cell with the cache off and on,
+    and ``gain``, on less off (both tables hold one SLO's cells, the same windows and regions)."""
+    _one_slo(off, on)
+    mean = {label: t[t["policy"].isin(policies)].groupby("policy")[metric].mean()
+            for label, t in ((OFF, off), (ON, on))}
+    out = pd.DataFrame(mean)
+    return out.assign(gain=out[ON] - out[OFF]).sort_values("gain", ascending=not METRICS.get(metric, True))
+
+
+def best_versus_twin(table: pd.DataFrame, metric: str = "anwg", *, n_resamples: int, seed: int) -> dict:
+    """The cache-aware policy of :data:`TWINS` with the best mean ``metric`` over ``table``'s cells,
+    and its mean less its cache-blind twin's, each window's cells averaged over the regions first,
+    paired over windows with a 95% window-bootstrap interval."""
+    _one_slo(table)
+    per_window = table.groupby(["window_id", "policy"])[metric].mean().unstack()
+    aware = [p for p in TWINS if p in per_window]
+    means = per_window[aware].mean()
+    best = str(means.idxmax() if METRICS.get(metric, True) else means.idxmin())
+    d, ci = stats.paired_difference(per_window[best], per_window[TWINS[best]], n_resamples=n_resamples,
+                                    seed=seed)
+    return {"policy": best, "twin": TWINS[best], "difference": d, "ci_low": ci.low, "ci_high": ci.high}
+
+
+def hit_rate_key(gpu_kv: int, tier_kv: int) -> str:
+    """The glue suffix of a cache in the hit-rate table: ``<gpu>`` or ``<gpu>_tier<tier>`` tokens."""
+    return f"{gpu_kv}_tier{tier_kv}" if tier_kv else f"{gpu_kv}"
+
+
 __all__ = ["OFF", "ON", "CAPACITIES", "as_sources", "on_vs_off", "advantage", "best_cache_aware",
            "versus_study", "hit_rates", "preempting_cells", "capacity_label", "TWINS",
-           "saturated_share", "twin_differences"]
+           "saturated_share", "twin_differences", "policy_gains", "best_versus_twin", "hit_rate_key"]

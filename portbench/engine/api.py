@@ -304,6 +304,7 @@ class RunResult:
     # (the sequence so far) and those the cache served
     prefix_queried_tokens: int = 0
     prefix_hit_tokens: int = 0
+    prefix_tier_hit_tokens: int = 0     # of the hit, those loaded from an offload tier
 
     @property
     def completed(self) -> np.ndarray:

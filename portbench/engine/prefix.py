@@ -26,25 +26,40 @@ VOCAB = 32000
 _LOW = 3
 
 
-def block_keys(window, block_size: int) -> tuple[np.ndarray, np.ndarray, int]:
+def block_keys(window, block_size: int, history_from: int | None = None) -> tuple[np.ndarray, np.ndarray, int]:
     """The key of every KV block each request of ``window`` can hold (its prompt and output).
 
     Returns ``(keys, offsets, n_keys)``: request ``i``'s blocks are ``keys[offsets[i]:offsets[i+1]]``
     (``ceil((input + output) / block_size)`` of them), keys are below ``n_keys`` (not all used), and
-    two blocks share a key only when they hold the same tokens after the same prefix."""
+    two blocks share a key only when they hold the same tokens after the same prefix. With
+    ``history_from``, the requests of ``window.history[history_from:]`` follow the window's own (rows
+    ``len(window)`` on), keyed together with them (a warm cache: :func:`warm_history_start`)."""
     inp = np.asarray(window.input_tokens, dtype=np.int64)
     out = np.asarray(window.output_tokens, dtype=np.int64)
+    hashes = getattr(window, "block_hashes", None)
+    if history_from is not None:
+        hist = window.history
+        if hashes is None or hist is None:
+            raise ValueError(f"window {window.window_id}: a warm cache needs the window's block hashes "
+                             f"and its history (load it with history=True)")
+        inp = np.concatenate((inp, np.asarray(hist.input_tokens[history_from:], dtype=np.int64)))
+        out = np.concatenate((out, np.asarray(hist.output_tokens[history_from:], dtype=np.int64)))
+        hashes = tuple(hashes) + tuple(hist.block_hashes[history_from:])
+    hash_tokens = int(window.meta["block_tokens"]) if hashes is not None else 0
+    return keys_of_columns(inp, out, hashes, hash_tokens, block_size, window.window_id)
+
+
+def keys_of_columns(inp, out, hashes, hash_tokens: int, block_size: int, name: str = ""):
+    """:func:`block_keys` on raw columns (prompt and output tokens, hash lists or None)."""
     n_blocks = -(-(inp + out) // block_size)
     offsets = np.zeros(len(inp) + 1, dtype=np.int64)
     np.cumsum(n_blocks, out=offsets[1:])
     keys = np.empty(int(offsets[-1]), dtype=np.int64)
-    hashes = getattr(window, "block_hashes", None)
     if hashes is None:
         keys[:] = np.arange(len(keys))
         return keys, offsets, len(keys)
-    hash_tokens = int(window.meta["block_tokens"])
     if hash_tokens % block_size:
-        raise ValueError(f"window {window.window_id}: its {hash_tokens}-token hash blocks are not "
+        raise ValueError(f"window {name}: its {hash_tokens}-token hash blocks are not "
                          f"whole {block_size}-token KV blocks")
     per_hash = hash_tokens // block_size
     node_of: dict = {}          # (parent node, hash id) -> node: the chain of hash ids so far
@@ -62,6 +77,35 @@ def block_keys(window, block_size: int) -> tuple[np.ndarray, np.ndarray, int]:
     own = keys < 0
     keys[own] = n_shared + np.arange(int(own.sum()))
     return keys, offsets, n_shared + int(own.sum())
+
+
+def warm_history_start(window, n_blocks: int, block_size: int) -> int:
+    """Where a warm cache of ``n_blocks`` KV blocks starts serving ``window.history``: the latest
+    requests whose blocks, counted once per distinct 512-token hash chain (and every block past a
+    request's hash list as its own), number at least ``n_blocks`` (0: the whole history has fewer).
+    An LRU cache after serving every earlier request holds only blocks of these, so serving them
+    alone leaves the same cache."""
+    hist = window.history
+    if hist is None:
+        raise ValueError(f"window {window.window_id}: no history to warm the cache with (load it "
+                         f"with history=True)")
+    per_hash = hist.block_tokens // block_size
+    seen: set = set()
+    count = 0
+    for r in range(len(hist) - 1, -1, -1):
+        h = hist.block_hashes[r]
+        inp, total = int(hist.input_tokens[r]), int(hist.input_tokens[r] + hist.output_tokens[r])
+        shared = min(inp // block_size, len(h) * per_hash)
+        chains = -(-shared // per_hash)
+        new = 0
+        for g in range(chains):
+            if (g, int(h[g]), int(h[g - 1]) if g else -1) not in seen:
+                seen.add((g, int(h[g]), int(h[g - 1]) if g else -1))
+                new += 1
+        count += new * per_hash + (-(-total // block_size) - shared)
+        if count >= n_blocks:
+            return r
+    return 0
 
 
 def _mix(x: np.ndarray) -> np.ndarray:

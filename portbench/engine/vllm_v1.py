@@ -76,6 +76,13 @@ from .reqtable import BLOCKS, COMPUTED, DECODED, FINISH, FIRST, INP, OUT, TARGET
 from .stepcost import PS, StepCost
 from ..realengine.vllm_settings import scheduling_priorities
 
+#: Seconds to load one token's KV from a host-memory offload tier: the KV of a Llama-3.1-8B-class
+#: model (32 layers × 8 KV heads × 128 dims × K and V × 2 bytes = 131,072 bytes a token, fp16) over
+#: PCIe 4.0 ×16 (31.5 GB/s a direction: 16 GT/s × 16 lanes, 128b/130b coding; PCI-SIG's PCIe 4.0
+#: specification; the host link of an A100 40GB PCIe board): 4.16 µs a token, about a quarter of
+#: the model's 17.3 µs a prefill token.
+OFFLOAD_S_PER_TOKEN = 131072 / 31.5e9
+
 _TIMER_MARGIN_PS = 10 ** 6      # a clock timer fires up to a microsecond early (float round-off)
 _MAX_STRETCH = 1 << 40          # no other bound on a stretch's length than its events
 _NO_DECISION = Decision()
@@ -152,6 +159,16 @@ class VllmV1Model:
     Which blocks hold the same tokens comes from the window's block hashes
     (:mod:`portbench.engine.prefix`); a window without them shares nothing, and the cache then
     serves only a preempted request's own blocks.
+
+    ``warm_start`` (with the cache on; the window loaded with its history): the pool starts as
+    serving the trace's requests before the window, one after another, left it
+    (:func:`~portbench.engine.blockpool.warm_array`), not empty. ``offload_kv_tokens`` > 0: a second
+    tier of that many tokens in host memory, as vLLM's offloading connector, LMCache or Mooncake's
+    store provide: a cached block evicted from the GPU (its last copy) moves there, least recently
+    used out first; a request looked up finds its GPU hit, then the blocks after it that the tier
+    holds, which are loaded into new GPU blocks (they cost no budget) at ``offload_s_per_token``
+    each, added to the step's time (no overlap with compute, no bandwidth shared between loads).
+    The tier keeps what it loads and is warm at the start under ``warm_start``.
     """
 
     name: ClassVar[str] = "vllm_v1"
@@ -168,6 +185,9 @@ class VllmV1Model:
     reserve_full_isl: bool = True
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = False
+    warm_start: bool = False
+    offload_kv_tokens: int = 0
+    offload_s_per_token: float = OFFLOAD_S_PER_TOKEN
 
     def __post_init__(self):
         for what, least in (("long_prefill_token_threshold", 0), ("max_num_partial_prefills", 1),
@@ -208,6 +228,8 @@ class VllmV1Model:
         return (c0 + cg + cd * self.max_active_sequences + cc * self.max_kv_tokens) / PS + 1e-9
 
     def make_engine(self, window, policy, priority=None):
+        if (self.warm_start or self.offload_kv_tokens) and not self.enable_prefix_caching:
+            raise ValueError("VllmV1Model: warm_start and offload_kv_tokens need enable_prefix_caching")
         return _V1Engine(window, policy, self, priority)
 
 
@@ -519,10 +541,16 @@ class _V1Engine:
         self.admit_ps = [-1] * n
         self.free_blocks = model.max_kv_tokens // model.block_size
         # vLLM's block pool with its prefix cache (None: blocks are only counted)
-        self._pool = (blockpool.BlockPool(window, self.free_blocks, model.block_size)
+        self._pool = (blockpool.BlockPool(window, self.free_blocks, model.block_size,
+                                          tier_blocks=model.offload_kv_tokens // model.block_size,
+                                          warm=model.warm_start)
                       if model.enable_prefix_caching else None)
+        self._load_ps = int(round(model.offload_s_per_token * PS))
+        self._loaded = 0                # tokens loaded from the offload tier in this step
+        self._tier_blocks = 0           # the last admission's blocks from the tier
         self._P = None if self._pool is None else self._pool.array
         self.prefix_queried = self.prefix_hits = 0     # tokens looked up and hit, over admissions
+        self.prefix_tier_hits = 0                      # of the hit, tokens loaded from the tier
         self.waiting: list[int] = []
         self.queue_log: list[int] = []  # the queue's changes: i joined, ~i left (see EngineView)
         self.is_waiting = [False] * n
@@ -634,18 +662,24 @@ class _V1Engine:
         """Waiting request ``i`` (``target`` tokens, nothing computed) under prefix caching: (tokens
         its cache hit skips, tokens it computes in the step, free blocks it takes: new ones and hit
         ones in the free queue, whether it fits vLLM's check: :func:`blockpool._admission`)."""
-        h, n_new, need, check = self._pool.admission(self.st, i, budget, thr, self.model.reserve_full_isl,
-                                                     self._may_hit(i))
-        return h * self.model.block_size, n_new, need, check <= self.free_blocks
+        h, t, n_new, need, check = self._pool.admission(self.st, i, budget, thr,
+                                                        self.model.reserve_full_isl, self._may_hit(i))
+        self._tier_blocks = t
+        return (h + t) * self.model.block_size, n_new, need, check <= self.free_blocks
 
     def _take_blocks(self, i: int, hit: int, n_new: int) -> None:
-        """Admit request ``i``'s blocks: its hit ones shared, new ones for its chunk, full ones cached."""
+        """Admit request ``i``'s blocks: its GPU hit ones shared, its tier hit loaded into new ones,
+        new ones for its chunk, full ones cached (``hit`` counts the tier's: the last admission)."""
         st, bs = self.st, self.model.block_size
-        blockpool.admit(self._P, st, i, hit // bs, -(-(hit + n_new) // bs) - hit // bs, hit + n_new, bs)
+        t = self._tier_blocks
+        h = hit // bs - t
+        blockpool.admit(self._P, st, i, h, t, -(-(hit + n_new) // bs) - h, hit + n_new, bs)
         st[i, COMPUTED] = hit
         self._kv += hit
         self.prefix_queried += int(st[i, TARGET])
         self.prefix_hits += hit
+        self.prefix_tier_hits += t * bs
+        self._loaded += t * bs
 
     def _arrival_blocks(self, i: int, budget: int) -> int:
         """The free blocks request ``i``, not arrived yet, would need to be admitted (with prefix
@@ -885,6 +919,9 @@ class _V1Engine:
             self.t_ps += c0 + cg + cp * prefill + cd * decodes + cc * context
         else:
             self.t_ps += self._step_ps(self.step, self.t_ps, prefill, decodes, context, n_sched)
+        if self._loaded:                       # blocks loaded from the offload tier, before the step
+            self.t_ps += self._load_ps * self._loaded
+            self._loaded = 0
         self.step += 1
         n_fin, freed, kv, mid_prefill = _advance(self._sched, n_sched, st, self.t_ps, self._finished) \
             if self._P is None else _advance_cached(self._sched, n_sched, st, self.t_ps, self._finished, self._P)
@@ -1098,4 +1135,5 @@ class _V1Engine:
                          admit_s=stamp(self.admit_ps), first_token_s=stamp(self.st[:, FIRST]),
                          finish_s=stamp(self.st[:, FINISH]), duration_s=self.last_step_start_ps / PS,
                          n_steps=self.step, n_preemptions=self.n_preemptions,
-                         prefix_queried_tokens=self.prefix_queried, prefix_hit_tokens=self.prefix_hits)
+                         prefix_queried_tokens=self.prefix_queried, prefix_hit_tokens=self.prefix_hits,
+                         prefix_tier_hit_tokens=self.prefix_tier_hits)
