@@ -13,31 +13,36 @@
 #
 # :::{admonition} Finding
 # :class: tip pb-finding
-# At the study's SLO (×20) most policies meet nearly every deadline, so the cache can hardly reorder
-# them (median τ_b {glue:text}`rq9_tau_cache_on_vs_off:.2f` between cache off and on). Where they can
-# differ, at SLO ×{glue:text}`rq9_tight_slo:s` with cache off and on at the same load, the median τ_b is
-# {glue:text}`rq9_tau_same_load:s`, with {glue:text}`rq9_supported_same_load:d` supported reversals; the
-# best cache-aware order less its cache-blind twin is {glue:text}`rq9_cache_aware_vs_blind:s`. One GPU's
-# cache ({glue:text}`rq9_capacity`), starting empty, serves {glue:text}`rq9_hit_rate` of the looked-up
-# tokens, little of a multi-turn trace's reuse (no offload tier or warm start here; see Limits).
-# The model's cache decides as vLLM's own scheduler does in
+# Rankings mostly port from no cache to a cache that holds the trace's reuse, but not exactly. With
+# each window's cache warm and a {glue:text}`rq9_tier_size:s` offload tier behind one GPU's, at the
+# same load as cache off and at SLO ×{glue:text}`rq9_tight_slo:s`, the ranking keeps a median τ_b of
+# {glue:text}`rq9_tau_same_load:s` on Mooncake's conversation trace
+# ({glue:text}`rq9_supported_same_load:d` supported reversals) and
+# {glue:text}`rq9_tau_same_load_synthetic:s` on its synthetic trace
+# ({glue:text}`rq9_supported_same_load_synthetic:d`); on TTFT attainment
+# {glue:text}`rq9_tau_ttft:s` ({glue:text}`rq9_supported_ttft:d`). The tier serves
+# {glue:text}`rq9_window_hit_rate_131072_tier4194304:s` of a warm window's looked-up tokens (one
+# GPU's cache {glue:text}`rq9_window_hit_rate_131072:s`). Mean ANWG gains most for
+# {glue:text}`rq9_gainers:s`. The best cache-aware order less its cache-blind twin is
+# {glue:text}`rq9_cache_aware_vs_blind:s`; SGLang's prefix orders against FIFO:
+# {glue:text}`rq9_other_twins:s`. The warm cache decides as vLLM's own scheduler in
 # {glue:text}`rq9_native_identical_runs_share:.1%` of {glue:text}`rq9_native_runs:d` runs.
 # :::
 #
 # **Question.** The study ran its real engine with prefix caching off, and its three traces carry no
 # prompt contents. Production engines cache prompt prefixes by default (vLLM v1's automatic prefix
-# caching), and their newest schedulers order the queue by what is cached (SGLang's `lpm` and
-# `dfs-weight`). Does a scheduler ranking survive the cache, and does a prefix-heavy, long-prompt
-# workload rank the schedulers as the study's three sources do? **Method.** A fourth source,
-# Mooncake's conversation trace (40 windows of 200 requests, each request with its chained 512-token
-# prefix hashes), runs under the `vllm_v1` engine model with vLLM's prefix cache off and on, and on
-# at three KV capacities; the panel is the study's 13 policies, vLLM's priority scheduling and three
-# cache-aware key policies (`lpm`, SGLang's longest prefix match with its FCFS fallback above 128
-# waiting requests; `dfs_weight`, SGLang's heaviest-subtree-first walk of the cached prefixes;
-# `cache_aware_sjf`, shortest job first on uncached prompt plus predicted output). Each
-# configuration is calibrated at its own knee, as the study calibrates each engine. Rankings are
-# compared with the study's statistics: $\tau_b$ of the policies' mean ANWG (paired over windows
-# for cache off against on) and the RQ2 reversal classifier.
+# caching), offload them to host memory, and their newest schedulers order the queue by what is
+# cached (SGLang's `lpm` and `dfs-weight`). Does a scheduler ranking survive the cache, and does a
+# prefix-heavy, long-prompt workload rank the schedulers as the study's three sources do?
+# **Method.** Two more sources, Mooncake's conversation trace (40 windows of 200 requests) and its
+# synthetic trace (16 windows), each request with its chained 512-token prefix hashes, run under
+# the `vllm_v1` engine model with vLLM's prefix cache off; on, cold, at three KV capacities; on and
+# warm; and warm with an offload tier. The panel is the study's 13 policies, vLLM's priority
+# scheduling and three cache-aware key policies (`lpm`, SGLang's longest prefix match with its FCFS
+# fallback above 128 waiting requests; `dfs_weight`, SGLang's heaviest-subtree-first walk of the
+# cached prefixes; `cache_aware_sjf`, shortest job first on uncached prompt plus predicted output).
+# Rankings are compared with the study's statistics: $\tau_b$ of the policies' mean ANWG (paired
+# over windows for cache off against on) and the RQ2 reversal classifier.
 
 # %% tags=["parameters"]
 results_path = ""          # the study's vllm_v1 campaign table compared against (empty: data/results/campaign_vllm_v1.parquet)
@@ -60,6 +65,7 @@ from portbench.book import source_label
 from portbench.campaign import load_results
 from portbench.chapters import check_metric, check_region
 from portbench.chapters import rq9 as reading
+from portbench.engine.vllm_v1 import OFFLOAD_S_PER_TOKEN
 from portbench.regions import REGIONS
 from portbench.store import SOURCES_OF_THE_STUDY
 
@@ -78,7 +84,161 @@ glue("rq9_capacity", reading.capacity_label(capacity), display=False)
 glue("rq9_capacities", present.join([reading.capacity_label(kv) for kv in rq9.CAPACITIES]), display=False)
 
 # %% [markdown]
-# ## How much the cache can serve
+# ## Where the cache holds the reuse: warm, with an offload tier, at the same load
+#
+# A window's cache starts **warm**: as serving the trace's earlier requests one after another, with
+# vLLM's eviction (least recently freed first), left it; the `vllm_native` model warms vLLM's own
+# block pool the same way, with vLLM's own code. Behind one GPU's cache
+# ({glue:text}`rq9_gpu_capacity:s`) an **offload tier** of {glue:text}`rq9_tier_size:s` in host memory,
+# as vLLM's offloading connector, LMCache or Mooncake's store provide, takes the blocks the GPU
+# evicts, least recently used out first, and gives back those that follow a request's GPU hit, each
+# token loaded at {glue:text}`rq9_load_cost:s` (an 8B model's KV over PCIe 4.0 ×16; see Limits). The
+# primary reading puts cache off, the warm GPU cache and the tier at the **same absolute load** (each
+# window's cache-off knee, so the cache's gain is not folded into the load) and at SLO
+# ×{glue:text}`rq9_tight_slo:s`, where fewer than half of the (policy, region) cells have a mean ANWG
+# of 0.95 or more (×20 saturates them; `portbench.rq9.TIGHT_SLO` records the pilot). Each
+# configuration at its own knee, and ×20, sit beside it. Both Mooncake traces:
+# {glue:text}`rq9_sources:s`.
+
+# %%
+import IPython.display
+
+tight = rq9.TIGHT_SLO
+glue("rq9_tight_slo", f"{tight:g}", display=False)
+glue("rq9_sources", present.join([source_label(s) for s in rq9.SOURCES]), display=False)
+glue("rq9_gpu_capacity", reading.capacity_label(rq9.GPU_KV), display=False)
+glue("rq9_tier_size", f"{rq9.TIER_KV >> 20}M tokens", display=False)
+glue("rq9_load_cost", f"{OFFLOAD_S_PER_TOKEN * 1e6:.2f} µs", display=False)
+short = {s: "" if s == rq9.SOURCE else "_" + s.split("_")[-1] for s in rq9.SOURCES}
+rates = pd.concat([pd.read_csv(rq9.hit_rate_path(s)) for s in rq9.SOURCES], ignore_index=True)
+for r in rates.itertuples():
+    key = reading.hit_rate_key(r.gpu_kv_tokens, r.tier_kv_tokens) + short[r.source]
+    glue(f"rq9_steady_hit_rate_{key}", present.pct(r.steady_hit_rate, 1), display=False)
+    glue(f"rq9_window_hit_rate_{key}", present.pct(r.window_hit_rate, 1), display=False)
+at_tier = rates[(rates["source"] == rq9.SOURCE) & (rates["tier_kv_tokens"] == rq9.TIER_KV)].iloc[0]
+glue("rq9_tier_window_vs_steady", f"{at_tier.window_hit_rate / at_tier.steady_hit_rate - 1:+.0%}", display=False)
+IPython.display.display(present.table(rates.assign(source=rates["source"].map(source_label)).pivot(
+    index="cache", columns="source", values=["steady_hit_rate", "window_hit_rate"]).reindex(
+    [c for c, _, _ in rq9.HIT_RATE_CACHES]).rename(columns={"steady_hit_rate": "whole trace",
+                                                            "window_hit_rate": "warm windows"}), digits=3))
+
+CONFIGS = {"cache off": "off", "warm GPU cache": f"warm_{rq9.GPU_KV}_same_load",
+           "offload tier": f"tier_{rq9.TIER_KV}_same_load"}
+tables = {(s, slo, label): rq9.load(c, slo=slo, source=s) for s in rq9.SOURCES
+          for slo in (rq9.BASE_SLO_MULTIPLIER, tight) for label, c in CONFIGS.items()}
+for s in rq9.SOURCES:           # each at its own knee, beside
+    tables[(s, tight, "offload tier, own knee")] = rq9.load(f"tier_{rq9.TIER_KV}", slo=tight, source=s)
+readings, sat = [], []
+for (s, slo, label), t in tables.items():
+    sat.append({"source": source_label(s), "SLO": f"×{slo:g}", "configuration": label,
+                "cells with mean ANWG ≥ 0.95": reading.saturated_share(t, metric, policies=PANEL)})
+    off_t = tables[(s, slo, "cache off")]
+    for m in (metric, "attainment_ttft") if slo == tight else (metric,):
+        if label == "cache off" or (m != metric and label != "offload tier"):
+            continue
+        c = reading.on_vs_off(off_t, t, m, policies=PANEL, regions=regions, n_resamples=n_resamples, seed=seed)
+        readings.append({"source": source_label(s), "SLO": f"×{slo:g}", "against cache off": label,
+                         "metric": present.label(m), "median τ_b": c["tau_b"].median(), "lowest τ_b": c["tau_b"].min(),
+                         "supported reversals": int(c["supported"].sum()),
+                         "best changes in": int((c["best_off"] != c["best_on"]).sum()), "_s": s, "_m": m, "_c": c})
+readings = pd.DataFrame(readings)
+sat = pd.DataFrame(sat)
+first = sat[(sat["source"] == source_label(rq9.SOURCE)) & (sat["configuration"] == "cache off")].set_index("SLO")
+glue("rq9_saturated_share", present.pct(first.loc[f"×{tight:g}", "cells with mean ANWG ≥ 0.95"], 0), display=False)
+glue("rq9_saturated_share_base", present.pct(first.loc[f"×{rq9.BASE_SLO_MULTIPLIER:g}", "cells with mean ANWG ≥ 0.95"], 0),
+     display=False)
+glue("rq9_saturated_share_max", present.pct(sat[sat["SLO"] == f"×{tight:g}"]["cells with mean ANWG ≥ 0.95"].max(), 0),
+     display=False)
+for s in rq9.SOURCES:
+    row = lambda label, m=metric: readings[(readings["_s"] == s) & (readings["SLO"] == f"×{tight:g}")
+                                          & (readings["against cache off"] == label) & (readings["_m"] == m)].iloc[0]
+    glue(f"rq9_tau_same_load{short[s]}", present.num(row("offload tier")["median τ_b"], 2), display=False)
+    glue(f"rq9_tau_same_load_min{short[s]}", present.num(row("offload tier")["lowest τ_b"], 2), display=False)
+    glue(f"rq9_supported_same_load{short[s]}", int(row("offload tier")["supported reversals"]), display=False)
+    glue(f"rq9_tau_warm{short[s]}", present.num(row("warm GPU cache")["median τ_b"], 2), display=False)
+    glue(f"rq9_tau_own_knee{short[s]}", present.num(row("offload tier, own knee")["median τ_b"], 2), display=False)
+    glue(f"rq9_tau_ttft{short[s]}", present.num(row("offload tier", "attainment_ttft")["median τ_b"], 2), display=False)
+    glue(f"rq9_supported_ttft{short[s]}", int(row("offload tier", "attainment_ttft")["supported reversals"]),
+         display=False)
+IPython.display.display(present.table(sat.pivot_table(index=["source", "configuration"], columns="SLO",
+                                                      values="cells with mean ANWG ≥ 0.95", sort=False), digits=2))
+present.table(readings.drop(columns=["_s", "_m", "_c"]), digits=2)
+
+# %% [markdown]
+# The whole trace, served one request after another, finds {glue:text}`rq9_steady_hit_rate_131072:s`
+# of its prompt tokens in one GPU's cache and {glue:text}`rq9_steady_hit_rate_131072_tier4194304:s`
+# with the tier (conversation trace; synthetic trace
+# {glue:text}`rq9_steady_hit_rate_131072_synthetic:s` and
+# {glue:text}`rq9_steady_hit_rate_131072_tier4194304_synthetic:s`); a warm window at its knee finds
+# {glue:text}`rq9_window_hit_rate_131072:s` and {glue:text}`rq9_window_hit_rate_131072_tier4194304:s`
+# ({glue:text}`rq9_tier_window_vs_steady:s` against the whole trace: the running requests' blocks are
+# not free to keep). At ×{glue:text}`rq9_tight_slo:s`, {glue:text}`rq9_saturated_share:s` of the
+# conversation trace's cells with the cache off are saturated (at most
+# {glue:text}`rq9_saturated_share_max:s` in any configuration; ×20: {glue:text}`rq9_saturated_share_base:s`).
+# There, cache off against the tier at the same load keeps a median $\tau_b$ of
+# {glue:text}`rq9_tau_same_load:s` (lowest {glue:text}`rq9_tau_same_load_min:s`,
+# {glue:text}`rq9_supported_same_load:d` supported reversals; the synthetic trace
+# {glue:text}`rq9_tau_same_load_synthetic:s`, {glue:text}`rq9_supported_same_load_synthetic:d`); the warm
+# GPU cache alone {glue:text}`rq9_tau_warm:s`; the tier at its own knee
+# {glue:text}`rq9_tau_own_knee:s`. On TTFT attainment, the metric a prefix cache moves first:
+# {glue:text}`rq9_tau_ttft:s` ({glue:text}`rq9_supported_ttft:d` supported; synthetic
+# {glue:text}`rq9_tau_ttft_synthetic:s`).
+
+# %%
+gains = {s: reading.policy_gains(tables[(s, tight, "cache off")], tables[(s, tight, "offload tier")], metric,
+                                 policies=PANEL) for s in rq9.SOURCES}
+for s, g in gains.items():
+    glue(f"rq9_gainers{short[s]}", present.join([f"{p} ({present.signed(v, 3)})" for p, v in g["gain"].head(3).items()]),
+         display=False)
+    glue(f"rq9_gain_median{short[s]}", present.signed(g["gain"].median(), 3), display=False)
+    twins = reading.versus_twins(tables[(s, tight, "offload tier")], metric, n_resamples=n_resamples, seed=seed)
+    said = {p: f"{present.signed(r.difference, 3)} ({p} − {r.twin}, 95% CI {present.signed(r.ci_low, 3)} to "
+               f"{present.signed(r.ci_high, 3)})" for p, r in twins.iterrows()}
+    best = twins.index[0]
+    glue(f"rq9_best_cache_aware_policy{short[s]}", best, display=False)
+    glue(f"rq9_cache_aware_vs_blind{short[s]}", said[best], display=False)
+    glue(f"rq9_cache_aware_settled{short[s]}", "excludes zero" if twins.loc[best, "ci_low"] > 0
+         or twins.loc[best, "ci_high"] < 0 else "includes zero", display=False)
+    glue(f"rq9_other_twins{short[s]}", present.join([said[p] for p in twins.index[1:]]), display=False)
+fig, axes = plt.subplots(1, len(rq9.SOURCES), figsize=(4.6 * len(rq9.SOURCES), 0.3 * len(PANEL) + 1.3), sharey=True)
+order = gains[rq9.SOURCE].index
+for ax, s in zip(np.atleast_1d(axes), rq9.SOURCES):
+    g = gains[s].reindex(order)
+    ax.barh(np.arange(len(g)), g["gain"], color=["tab:red" if p in rq9.CACHE_AWARE else "tab:blue" for p in g.index])
+    ax.axvline(0, color="k", lw=0.6)
+    ax.set_yticks(np.arange(len(g)), g.index, fontsize=8)
+    ax.set_title(source_label(s), fontsize=9)
+    ax.set_xlabel(f"{present.label(metric)}: tier − cache off")
+fig.tight_layout()
+present.figure("rq9_gains", fig, output_dir, "rq9_gains.png")
+
+# %% [markdown]
+# :::{glue:figure} rq9_gains
+# :name: fig-rq9-gains
+# :figclass: pb-wide
+# :alt: Two bar panels, one per Mooncake trace, one bar per policy: its mean ANWG with the offload tier less with the cache off, at the same loads and SLO ×1; the cache-aware policies in red.
+#
+# **Who gains from the tier**, at the same loads and SLO ×{glue:text}`rq9_tight_slo:s`: each policy's
+# mean ANWG over every window and region with the tier, less with the cache off (cache-aware
+# policies in red).
+# :::
+#
+# Most gain from the tier: the median policy by {glue:text}`rq9_gain_median:s`
+# (synthetic {glue:text}`rq9_gain_median_synthetic:s`); most of all {glue:text}`rq9_gainers:s`
+# (synthetic: {glue:text}`rq9_gainers_synthetic:s`). With the tier, the best cache-aware order less
+# its cache-blind twin (each window's regions averaged, paired over windows) is
+# {glue:text}`rq9_cache_aware_vs_blind:s`, an interval that {glue:text}`rq9_cache_aware_settled:s`;
+# synthetic {glue:text}`rq9_cache_aware_vs_blind_synthetic:s`
+# ({glue:text}`rq9_cache_aware_settled_synthetic:s`). SGLang's orders by the cached prefix against
+# arrival order: {glue:text}`rq9_other_twins:s` (synthetic: {glue:text}`rq9_other_twins_synthetic:s`).
+
+# %% [markdown]
+# ## A cold cache, each configuration at its own knee
+#
+# The first reading, kept beside: each window's cache starts empty, at three GPU capacities, each
+# configuration calibrated at its own knee (the study's method), at the base SLO.
+#
+# ### How much a cold cache can serve
 #
 # Within a window, a prompt block can hit only if an earlier request of the same window has the same
 # prefix up to it (the windows are 200 consecutive requests, about a minute of the trace). The hit
@@ -105,7 +265,7 @@ present.table(pooled.rename_axis("region (hit rate, all policies)"), digits=3)
 glue("rq9_focus_region", focus_region, display=False)
 
 # %% [markdown]
-# ## Rankings with the cache on against off
+# ### Rankings with the cache on against off
 
 # %%
 cmp = reading.on_vs_off(off, on, metric, policies=PANEL, regions=regions, n_resamples=n_resamples, seed=seed)
@@ -117,36 +277,10 @@ glue("rq9_supported", int(cmp["supported"].sum()), display=False)
 glue("rq9_reversals", int(cmp["reversals"].sum()), display=False)
 glue("rq9_best_changed", present.count(int((cmp["best_off"] != cmp["best_on"]).sum()), "region"), display=False)
 
-fig, ax = plt.subplots(figsize=(7.5, 3.6))
-x = np.arange(len(cmp))
-ax.errorbar(x, cmp["tau_b"], yerr=[cmp["tau_b"] - cmp["bca_low"], cmp["bca_high"] - cmp["tau_b"]],
-            fmt="o", capsize=4, color="tab:blue", label="τ_b (95% BCa, windows resampled paired)")
-for xi, (_, row) in zip(x, cmp.iterrows()):
-    ax.annotate(f"{row['supported']} supported\n{row['reversals']} reversed", (xi, row["bca_low"]),
-                textcoords="offset points", xytext=(0, -26), ha="center", fontsize=7)
-ax.set_xticks(x, cmp["region"], rotation=20, fontsize=8)
-ax.set_ylim(min(-0.05, cmp["bca_low"].min() - 0.35), 1.05)
-ax.axhline(1, color="grey", lw=0.6)
-ax.set_ylabel(f"τ_b, cache off vs on ({present.label(metric)})")
-ax.set_title(f"{len(PANEL)} policies, {source_label(rq9.SOURCE)}, vllm_v1, cache at {reading.capacity_label(capacity)}",
-             fontsize=9)
-ax.legend(fontsize=8, loc="lower left")
-fig.tight_layout()
-present.figure("rq9_on_vs_off", fig, output_dir, "rq9_on_vs_off.png")
 
 # %% [markdown]
-# :::{glue:figure} rq9_on_vs_off
-# :name: fig-rq9-on-vs-off
-# :alt: Kendall tau-b between the policy rankings with the prefix cache off and on, one point per operating region, with confidence intervals and the count of reversed policy pairs under each.
-#
-# **Does the ranking survive the cache?** Kendall $\tau_b$ between the policies' mean ANWG with the
-# cache off and on, per region, over the same {glue:text}`rq9_n_windows:d` windows (95% BCa interval,
-# windows resampled paired). Under each point: the policy pairs that reverse, and those whose
-# reversal the RQ2 classifier supports (a practical margin in both configurations and a bootstrap
-# interval that excludes zero in both).
-# :::
-#
-# The median $\tau_b$ over the regions is {glue:text}`rq9_tau_cache_on_vs_off:.2f` (lowest
+# Cache off against a cold cache at {glue:text}`rq9_capacity:s`, each at its own knee, at SLO ×20:
+# the median $\tau_b$ over the regions is {glue:text}`rq9_tau_cache_on_vs_off:.2f` (lowest
 # {glue:text}`rq9_tau_min:s`, at {glue:text}`rq9_tau_min_region:s`); {glue:text}`rq9_reversals:d`
 # policy pairs reverse in some region, {glue:text}`rq9_supported:d` of them supported; the best
 # policy changes in {glue:text}`rq9_best_changed:s`.
@@ -156,7 +290,7 @@ present.table(cmp.rename(columns={"bca_low": "τ_b low", "bca_high": "τ_b high"
                                   "best_on": "best, on"}).set_index("region"), digits=3)
 
 # %% [markdown]
-# ## The cache-aware policies' advantage, by capacity and load
+# ### The cache-aware policies' advantage, by capacity and load
 #
 # Each cache-aware policy's mean ANWG less FIFO's (vLLM's default order), over the same windows with
 # the cache on, at each KV capacity and region (95% percentile interval, windows resampled).
@@ -164,7 +298,7 @@ present.table(cmp.rename(columns={"bca_low": "τ_b low", "bca_high": "τ_b high"
 # %%
 adv = reading.advantage(on_by_capacity, metric, regions=regions, n_resamples=n_resamples, seed=seed)
 best = reading.best_cache_aware(adv, metric)
-glue("rq9_best_cache_aware_policy", best, display=False)
+glue("rq9_best_vs_fifo_policy", best, display=False)
 top = adv[adv["policy"] == best]
 peak = top.loc[top["difference"].abs().idxmax()]
 glue("rq9_best_peak", present.signed(peak["difference"], 3), display=False)
@@ -204,20 +338,16 @@ present.figure("rq9_advantage", fig, output_dir, "rq9_advantage.png")
 # ({glue:text}`rq9_capacities:s`); a point is its mean ANWG less FIFO's over the windows in a region.
 # :::
 #
-# Over every capacity and region, {glue:text}`rq9_best_cache_aware_policy:s` does best of the three
+# Over every capacity and region, {glue:text}`rq9_best_vs_fifo_policy:s` does best of the three
 # (its largest difference from FIFO is {glue:text}`rq9_best_peak:s`, at {glue:text}`rq9_best_peak_where:s`).
-# Its advantage is shortest-job-first's, not the cache's: `estimated_service_time_first`, which
-# orders by the study's service estimate and never looks at the cache, has the same mean ANWG to
-# within {glue:text}`rq9_sjf_vs_est:s` in every region and capacity. The two orders by the cache
-# itself, `lpm` and `dfs_weight`, stay within {glue:text}`rq9_lpm_vs_fifo:s` of FIFO: with a few
-# percent of the looked-up tokens in the cache, ordering by the cached prefix changes little. A
-# larger capacity hardly changes either, since what limits the hits here is what the windows share,
-# not what the cache can hold: the hit rate is even a little lower with more capacity (table above),
-# where fewer preemptions (per cell, over all policies and regions:
-# {glue:text}`rq9_preemptions_by_capacity:s`) leave fewer requests to find their own blocks again.
+# Its advantage is shortest-job-first's, not the cache's: the cache-blind
+# `estimated_service_time_first` has the same mean ANWG to within {glue:text}`rq9_sjf_vs_est:s` in
+# every region and capacity, and `lpm` and `dfs_weight` stay within {glue:text}`rq9_lpm_vs_fifo:s` of
+# FIFO: a cold cache serves a few percent of the looked-up tokens, whatever its capacity (mean
+# preemptions per cell: {glue:text}`rq9_preemptions_by_capacity:s`).
 
 # %% [markdown]
-# ## Hit rate beside rank
+# ### Hit rate beside rank
 #
 # A policy's hit rate is what its order lets the cache serve; beside its ANWG it shows whether a
 # policy ranks where it does because of the cache.
@@ -247,13 +377,6 @@ n_requests = faithful[["n_completed", "n_dropped", "n_unfinished"]].to_numpy().s
 glue("rq9_faithful_completed", present.pct(faithful["n_completed"].sum() / n_requests, 1)
      if len(faithful) else "n/a", display=False)
 glue("rq9_hit_rank_tau", present.num(corr, 2), display=False)
-preempting = reading.preempting_cells(off, on, policies=PANEL)
-stopped = preempting[preempting["drop"] >= 0.5]
-glue("rq9_stop_preempting", present.join(
-    [f"{p} ({present.pct(r.off, 0)} off, {present.pct(r.on, 0)} on)" for p, r in stopped.iterrows()],
-    empty="no policy"), display=False)
-glue("rq9_fifo_preempting", f"{present.pct(preempting.loc['fifo', 'off'], 0)} and "
-     f"{present.pct(preempting.loc['fifo', 'on'], 0)}" if "fifo" in preempting.index else "n/a", display=False)
 
 # %% [markdown]
 # :::{glue:figure} rq9_hits
@@ -269,19 +392,6 @@ glue("rq9_fifo_preempting", f"{present.pct(preempting.loc['fifo', 'off'], 0)} an
 # still cached, so a policy that preempts often has a higher hit rate without serving more shared
 # prefixes: `vllm_v0_priority` preempts about {glue:text}`rq9_priority_preemptions` times per window at
 # {glue:text}`rq9_focus_region:s`, FIFO {glue:text}`rq9_fifo_preemptions`.
-#
-# Some policies stop preempting once the cache is on. With the cache off, then on at
-# {glue:text}`rq9_capacity:s`, the share of cells (window × region) in which the engine preempted
-# at least once falls from most to almost none for {glue:text}`rq9_stop_preempting:s`; FIFO's is
-# {glue:text}`rq9_fifo_preempting:s`.
-# What these policies share: they book admissions on their own count of the KV cache (the study's
-# rules: SLAI's prompt-only block count; the running requests' tokens, `kv_used`, that SCORPIO's
-# guard and `vllm_style_token_budget` read), and that count holds a prefix that several running
-# requests share once for each of them, while the engine's blocks hold it once. With the cache on,
-# their count runs ahead of the engine's blocks, one way the blocks can stay short of full under
-# them; the chapter does not separate this from the other effects of the cache. Their cache-on ranks
-# are those of rules that do not see the sharing, as the study's rules were written; a policy that
-# should see it reads `cached_prefix`.
 #
 # `vllm_faithful` (vLLM 0.1's FCFS, as the study ran it) serves almost nothing here: its rule closes
 # admission for good once a prompt longer than its 2,560-token budget reaches the head of the queue,
@@ -329,30 +439,28 @@ present.table(grid.rename(index=lambda s: source_label(s) if s in SOURCES_OF_THE
 # %% [markdown]
 # ## The model against vLLM's own scheduler, with the cache on
 #
-# The prefix cache of the `vllm_v1` engine model follows vLLM 0.32's rules (block pool, hits,
-# references, eviction). vLLM's own scheduler and KV-cache manager, stepped in virtual time on the
-# same windows with token ids generated from the trace's hashes (the `vllm_native` engine model),
-# is the reference: `benchmarks/native_vs_model.py --configs campaign_cache --source mooncake_conversation --save`.
+# The `vllm_v1` model's cache follows vLLM 0.32's rules (block pool, hits, references, eviction).
+# vLLM's own scheduler and KV-cache manager, stepped in virtual time on the same windows with token
+# ids generated from the trace's hashes (the `vllm_native` engine model), is the reference, warm
+# (both sources, every GPU capacity) and cold: `benchmarks/native_vs_model.py --configs
+# campaign_cache_warm --save` and `--configs campaign_cache --source mooncake_conversation --save`.
+# The offload tier has no vLLM-native counterpart in this check.
 
 # %%
-native_path = results.native_prefix_check_path()
-native = pd.read_csv(native_path) if native_path.exists() else None
-if native is not None and len(native):
-    share = float(native["identical"].mean())
-    glue("rq9_native_identical_runs_share", share, display=False)
-    glue("rq9_native_runs", len(native), display=False)
-    classes = native.loc[~native["identical"], "class"].value_counts()
-    glue("rq9_native_classes", present.join([f"{c} ({n})" for c, n in classes.items()]) if len(classes)
-         else "none", display=False)
-else:
-    glue("rq9_native_identical_runs_share", float("nan"), display=False)
-    glue("rq9_native_runs", 0, display=False)
-    glue("rq9_native_classes", "not run (no vLLM environment)", display=False)
+for key, path in (("", results.native_prefix_warm_check_path()), ("_cold", results.native_prefix_check_path())):
+    native = pd.read_csv(path) if path.exists() else pd.DataFrame()
+    classes = native.loc[~native["identical"], "class"].value_counts() if len(native) else pd.Series(dtype=int)
+    glue(f"rq9_native{key}_identical_runs_share", float(native["identical"].mean()) if len(native) else float("nan"),
+         display=False)
+    glue(f"rq9_native{key}_runs", len(native), display=False)
+    glue(f"rq9_native{key}_classes", present.join([f"{c} ({n})" for c, n in classes.items()]) if len(native)
+         and len(classes) else "none" if len(native) else "not run (no vLLM environment)", display=False)
 
 # %% [markdown]
-# Of {glue:text}`rq9_native_runs:d` runs, {glue:text}`rq9_native_identical_runs_share:.1%` are
+# Warm: of {glue:text}`rq9_native_runs:d` runs, {glue:text}`rq9_native_identical_runs_share:.1%` are
 # identical to the picosecond on both schedulers; the first differing step of the others is classed:
-# {glue:text}`rq9_native_classes:s`.
+# {glue:text}`rq9_native_classes:s`. Cold: {glue:text}`rq9_native_cold_identical_runs_share:.1%` of
+# {glue:text}`rq9_native_cold_runs:d` ({glue:text}`rq9_native_cold_classes:s`).
 #
 # ## On the real engine
 #
@@ -463,117 +571,13 @@ present.table(shown, digits=3) if len(shown) else None
 # - **512-token hashes.** The trace says which 512-token blocks two prompts share, not which tokens:
 #   prompts are synthetic token ids that share exactly those blocks, so the sharing inside a 512-token
 #   block that differs (a common start of a new turn) is not seen, and hits are a lower bound.
-# - **Windows of 200 requests.** A prefix is shared only within a window (about a minute of trace),
-#   so the hit rates are a window's, not the trace hour's.
+# - **Windows of 200 requests, a warm start.** A warm window's cache is what serving the trace's
+#   earlier requests one after another leaves: no concurrency before the window, so the blocks that
+#   running requests would hold are free to keep, and the warm start is at its most generous.
+# - **The offload tier is a model.** It takes a GPU-evicted block whose last copy leaves, keeps what
+#   it loads, evicts least recently used, and charges a fixed per-token load cost on the step that
+#   admits the request: no overlap of loading with compute (LMCache and vLLM's connector load
+#   asynchronously or layer by layer), no shared bandwidth between loads, no write cost, one host.
+#   The load cost is an 8B model's KV (131,072 bytes a token, fp16) over PCIe 4.0 ×16's 31.5 GB/s;
+#   a larger model or a slower link costs more. vLLM's own scheduler has no tier to check it against.
 # - **A single instance.** No routing: llm-d's prefix-aware routing across replicas is out of scope.
-
-# %% [markdown]
-# ## Where the rankings can differ: a tighter SLO, and cache off and on at the same load
-#
-# At the base SLO (×20) most policies meet nearly every deadline in every region, so a ranking is
-# mostly ties and a reversal with a 10% margin can hardly happen. The campaigns also ran at a
-# tighter SLO, ×{glue:text}`rq9_tight_slo:s`: the study's budget without its multiplier (0.4 ms a prompt
-# token and 20 ms an output token), the loosest of the multipliers tried at which fewer than half of
-# the (policy, region) cells have a mean ANWG of 0.95 or more (`portbench.rq9.TIGHT_SLO` records the
-# pilot). And each configuration above is calibrated at its own knee, which folds the cache's gain
-# into the load; here the cache also runs at the cache-off knee, so that both meet the same absolute
-# loads (the `_same_load` campaigns). The same windows, policies and regions throughout.
-
-# %%
-import IPython.display
-
-tight = rq9.TIGHT_SLO
-off_t = rq9.load("off", slo=tight)
-same_base = rq9.load(f"on_{capacity}_same_load") if f"on_{capacity}_same_load" in rq9.TAGS else None
-same_t = rq9.load(f"on_{capacity}_same_load", slo=tight) if same_base is not None else None
-on_t = rq9.load(f"on_{capacity}", slo=tight)
-glue("rq9_tight_slo", f"{tight:g}", display=False)
-sat = {("base", "cache off"): reading.saturated_share(off, metric, policies=PANEL),
-       ("tight", "cache off"): reading.saturated_share(off_t, metric, policies=PANEL),
-       ("tight", "cache on"): reading.saturated_share(on_t, metric, policies=PANEL)}
-glue("rq9_saturated_share", present.pct(sat[("tight", "cache off")], 0), display=False)
-glue("rq9_saturated_share_base", present.pct(sat[("base", "cache off")], 0), display=False)
-readings_t = {f"own knee, ×{rq9.BASE_SLO_MULTIPLIER:g}": cmp,
-              f"own knee, ×{tight:g}": reading.on_vs_off(off_t, on_t, metric, policies=PANEL, regions=regions,
-                                                        n_resamples=n_resamples, seed=seed)}
-if same_base is not None:
-    readings_t[f"same load, ×{rq9.BASE_SLO_MULTIPLIER:g}"] = reading.on_vs_off(
-        off, same_base, metric, policies=PANEL, regions=regions, n_resamples=n_resamples, seed=seed)
-    readings_t[f"same load, ×{tight:g}"] = reading.on_vs_off(
-        off_t, same_t, metric, policies=PANEL, regions=regions, n_resamples=n_resamples, seed=seed)
-primary = readings_t.get(f"same load, ×{tight:g}", readings_t[f"own knee, ×{tight:g}"])
-glue("rq9_tau_same_load", present.num(primary["tau_b"].median(), 2), display=False)
-glue("rq9_tau_same_load_min", present.num(primary["tau_b"].min(), 2), display=False)
-glue("rq9_supported_same_load", int(primary["supported"].sum()), display=False)
-glue("rq9_best_changed_same_load", present.count(int((primary["best_off"] != primary["best_on"]).sum()), "region"),
-     display=False)
-
-fig, ax = plt.subplots(figsize=(7.5, 3.4))
-for k, (label, t) in enumerate(readings_t.items()):
-    ax.plot(np.arange(len(t)) + 0.06 * (k - 1.5), t["tau_b"], "o-" if "same" in label else "o--", label=label)
-ax.set_xticks(range(len(regions)), regions, rotation=20, fontsize=8)
-ax.axhline(1, color="grey", lw=0.6)
-ax.set_ylabel(f"τ_b, cache off vs on ({present.label(metric)})")
-ax.set_title(f"{source_label(rq9.SOURCE)}, cache at {reading.capacity_label(capacity)}: SLO and load", fontsize=9)
-ax.legend(fontsize=7, loc="lower left")
-fig.tight_layout()
-present.figure("rq9_tight_same_load", fig, output_dir, "rq9_tight_same_load.png")
-
-# the cache-aware orders against their cache-blind twins where the cache acts: tight SLO, same load
-twins = reading.twin_differences(same_t if same_t is not None else on_t, metric, regions=regions,
-                                 n_resamples=n_resamples, seed=seed)
-at_focus = twins[twins["region"] == focus_region].set_index("policy")
-best_twin = at_focus["difference"].idxmax()
-row = at_focus.loc[best_twin]
-glue("rq9_best_cache_aware_tight", best_twin, display=False)
-glue("rq9_cache_aware_vs_blind", f"{present.signed(row['difference'], 3)} ({best_twin} − {row['twin']}, 95% CI "
-     f"{present.signed(row['ci_low'], 3)} to {present.signed(row['ci_high'], 3)}, {focus_region})", display=False)
-glue("rq9_cache_aware_settled", "its interval excludes zero" if row["ci_low"] > 0 or row["ci_high"] < 0
-     else "its interval includes zero", display=False)
-slo_label = {"base": f"×{rq9.BASE_SLO_MULTIPLIER:g}", "tight": f"×{tight:g}"}
-IPython.display.display(present.table(pd.DataFrame(
-    [{"SLO": slo_label[s_], "configuration": c, "cells with mean ANWG ≥ 0.95": present.pct(v, 0)}
-     for (s_, c), v in sat.items()])))
-present.table(twins, digits=3)
-
-# %% [markdown]
-# :::{glue:figure} rq9_tight_same_load
-# :name: fig-rq9-tight-same-load
-# :alt: Kendall tau-b between the rankings with the cache off and on, per operating region, at the base and the tighter SLO, each with the cache at its own knee and at the cache-off knee.
-#
-# **The cache where the rankings can differ.** Kendall $	au_b$ between the policies' mean ANWG with
-# the cache off and on, per region: dashed lines with each configuration at its own knee (as above),
-# solid lines with the cache on at the cache-off knee (the same absolute load), at the base SLO and
-# at ×{glue:text}`rq9_tight_slo:s`. Lines well below 1 are rankings the cache reorders.
-# :::
-#
-# At ×{glue:text}`rq9_tight_slo:s`, {glue:text}`rq9_saturated_share:s` of the (policy, region) cells
-# with the cache off have a mean ANWG of 0.95 or more (×20: {glue:text}`rq9_saturated_share_base:s`).
-# There, with cache off and on at the same load, the median $	au_b$ is
-# {glue:text}`rq9_tau_same_load:s` (lowest {glue:text}`rq9_tau_same_load_min:s`),
-# {glue:text}`rq9_supported_same_load:d` reversals are supported, and the best policy changes in
-# {glue:text}`rq9_best_changed_same_load:s`. The best cache-aware order less its cache-blind twin:
-# {glue:text}`rq9_cache_aware_vs_blind:s`; {glue:text}`rq9_cache_aware_settled:s`. The cache here is one
-# GPU's (no offload tier, windows from an empty cache): the reuse a multi-turn trace offers over
-# minutes is still out of its reach.
-
-# %% [markdown]
-# ## In detail
-#
-# **Rankings with the cache.** On {glue:text}`rq9_n_windows:d` prefix-hashed windows, turning vLLM's
-# prefix cache on ({glue:text}`rq9_capacity`) leaves the ranking of {glue:text}`rq9_n_policies:d`
-# policies at a median $\tau_b$ of {glue:text}`rq9_tau_cache_on_vs_off:.2f` against the cache off
-# (lowest {glue:text}`rq9_tau_min:s`, at {glue:text}`rq9_tau_min_region:s`), with
-# {glue:text}`rq9_supported:d` supported reversals; the cache serves {glue:text}`rq9_hit_rate` of the
-# looked-up tokens at {glue:text}`rq9_focus_region:s`. **Cache-aware schedulers.** Of the three,
-# {glue:text}`rq9_best_cache_aware_policy:s` does best against FIFO (at most
-# {glue:text}`rq9_best_peak:s` ANWG, at {glue:text}`rq9_best_peak_where:s`), as much as the
-# cache-blind `estimated_service_time_first` (within {glue:text}`rq9_sjf_vs_est:s`); `lpm` and
-# `dfs_weight` stay within {glue:text}`rq9_lpm_vs_fifo:s` of FIFO. **Against the study's
-# sources.** This source's ranking has a median $\tau_b$ of {glue:text}`rq9_vs_study_median_off:s`
-# with each study source (cache off; {glue:text}`rq9_vs_study_median_on:s` cache on; the study's
-# sources among themselves {glue:text}`rq9_study_among_median:s`), and `vllm_faithful` completes
-# {glue:text}`rq9_faithful_completed` of its requests: its head-of-line rule does not survive long
-# prompts. **The model.**
-# With the cache on, {glue:text}`rq9_native_identical_runs_share:.1%` of
-# {glue:text}`rq9_native_runs:d` runs are identical on vLLM's own scheduler.

@@ -95,6 +95,13 @@ def native_prefix_check_path(data_dir: Path | None = None) -> Path:
     return results_dir(data_dir) / "native_vs_model_prefix.csv"
 
 
+def native_prefix_warm_check_path(data_dir: Path | None = None) -> Path:
+    """The prefix-cache check with the cache warmed by each window's history first, on the
+    prefix-hashed sources at RQ9's three KV capacities: ``native_vs_model_prefix_warm.csv``
+    (rewritten after every run, so that a stopped check resumes where it was)."""
+    return results_dir(data_dir) / "native_vs_model_prefix_warm.csv"
+
+
 def rq9_real_check_path(data_dir: Path | None = None) -> Path:
     """RQ9's real-engine check: vLLM's prefix cache off and on beside the ``vllm_v1`` model, one row
     per (cache, measure): ``rq9_vllm_cpu_summary.csv`` (``benchmarks/rq9_vllm_cpu.py``; its runs are

@@ -7,6 +7,12 @@
 - :mod:`~portbench.engine.lssp`: the study's engine model (fixed 1 ms steps, free prefill);
 - :mod:`~portbench.engine.vllm_v1`: a vLLM-v1-like model (token budget, chunked prefill, paged KV,
   head-of-line admission, recompute preemption) timed by a step-cost model;
+- :mod:`~portbench.engine.vllm_native`: vLLM's own scheduler and KV-cache manager, stepped in
+  virtual time (needs ``.venv-vllm``);
+- :mod:`~portbench.engine.blockpool`, :mod:`~portbench.engine.prefix`: vLLM's block pool with its
+  prefix cache, a warm start and an offload tier; which blocks two requests share;
+- :mod:`~portbench.engine.reqtable`: the column names of ``vllm_v1``'s per-request table;
+  :mod:`~portbench.engine._jit`: numba's cache location;
 - :mod:`~portbench.engine.stepcost`: every step-cost model, its fit and its cross-validation.
 
 :data:`ENGINE_MODELS` names them; a new engine model is one module beside these and one line there.

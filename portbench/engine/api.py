@@ -101,6 +101,36 @@ class Decision:
 NOTHING = Decision()
 
 
+class ViewedEngine(Protocol):
+    """What :class:`EngineView` reads of an engine (``lssp``'s, ``vllm_v1``'s and ``vllm_native``'s
+    runs each provide it): the window's fixed data, the step and clock, the queue and the running
+    requests, the refused proposals, and the decoded tokens, KV in use and cached prefixes."""
+
+    model: object
+    n: int
+    arrival_s: np.ndarray
+    deadline_s: np.ndarray
+    input_tokens: np.ndarray
+    predicted: np.ndarray
+    priority: np.ndarray
+    step: int
+    prev_kv_used: int
+    queue_log: list
+    waiting: list
+    running: list
+    refused: tuple
+
+    def clock(self) -> tuple[float, float]: ...
+
+    def kv_used(self) -> int: ...
+
+    def decoded_array(self) -> np.ndarray: ...
+
+    def decoded_of(self, ids) -> list: ...
+
+    def cached_prefix_of(self, ids) -> np.ndarray: ...
+
+
 class EngineView:
     """The read-only state a policy sees. Arrays are indexed by request id; do not modify them.
 
@@ -125,7 +155,7 @@ class EngineView:
                  "_engine", "_waiting", "_cache_read",
                  "_waiting_of", "_warr", "_warr_of")
 
-    def __init__(self, engine: "_Engine"):
+    def __init__(self, engine: ViewedEngine):
         self._engine = engine
         self.model = engine.model
         self.arrival_s = read_only(engine.arrival_s)

@@ -1,59 +1,26 @@
 """A vLLM-v1-like engine model with a calibrated step-time cost model.
 
-Same policies, same view, same results as the study's ``lssp`` model, but each step works the way
-vLLM v1's scheduler does (see ``VLLM_V1_SEMANTICS`` in the project's spec):
+Same policies, same view, same results interface as the study's ``lssp`` model, but each step
+works the way vLLM v1's scheduler does (each rule, with vLLM's source it follows, in
+:class:`VllmV1Model`):
 
-- a per-step **token budget**; requests have *computed* and *target* tokens, and a step gives each
-  scheduled request ``min(remaining, budget left)`` tokens — **chunked prefill**;
-- **running requests first**, in admission order (a decode takes one token, an unfinished prefill the
-  rest of its chunk), then the policy's admissions in its order while budget, sequence slots and KV
-  blocks last; admission is **head-of-line** (the first that cannot get blocks stops it) and nothing
-  is admitted in a step that preempted;
-- a **block-granular KV cache** (16-token blocks); a running request that cannot get a block for its
-  new tokens **preempts the most recently admitted** running request (recompute: its KV is dropped,
-  its emitted tokens stay emitted, prompt + emitted tokens are prefilled again on resumption) — or,
-  for a policy that vLLM runs on its ``priority`` scheduling (``edf``, ``vllm_v0_priority``, ...), the
-  running request of **largest (priority, arrival)**, given back its tokens if already scheduled in
-  the step; a request that preempts itself is skipped, and so is every later running request;
-- the **first token** comes at the end of the step that completes the prompt; a request leaves at the
-  end of the step that emits its last token;
-- the **step time** is ``fixed + per_prefill_token · P + per_decode_seq · D + per_context_token · C``
-  (P prefill tokens, D decoding sequences, C context tokens read by the scheduled requests);
-- optional **long-prefill caps** (off by default; see :class:`VllmV1Model`): a request prefills at most
-  ``long_prefill_token_threshold`` tokens a step, and at most ``max_num_partial_prefills`` requests
-  (``max_long_partial_prefills`` of them long) prefill in one step.
+- a per-step **token budget** with **chunked prefill**; **running requests first**, in admission
+  order, then the policy's admissions while budget, sequence slots and KV blocks last
+  (**head-of-line**: the first that cannot get blocks stops admission);
+- a **block-granular KV cache** (16-token blocks) with vLLM's **preemption** (recompute) and, as
+  options, vLLM's **prefix cache** (:mod:`~portbench.engine.blockpool`), a warm start and an
+  offload tier, and the **long-prefill caps**;
+- the **step time** ``fixed + per_prefill_token · P + per_decode_seq · D + per_context_token · C``,
+  in integer picoseconds.
 
-Time is kept in integer picoseconds so that a run of steps can be summed in closed form exactly: in a
-pure-decode stretch the context grows by D tokens a step, the step times form an arithmetic series,
-and the engine jumps over every step in which nothing can change (no arrival, completion, block
-exhaustion, prefill or policy timer), bit-identical to walking them one by one. A stretch ends with
-the step of its first completion (the leavers go at its end, as step by step).
-
-Two more shortcuts hold for policies that declare ``admission_only`` (a decision that only admits
-and is a pure function of the view): such a policy is asked only in a step where some waiting
-request could get a slot, budget and the KV blocks of its first chunk; and once no waiting request
-can, a stretch runs on past arrivals that could not be admitted either (free blocks only shrink in
-it), however the policy would have ranked them. Its admissions are taken lazily, so a long queue is
-walked only as far as the engine admits. A long prompt's chunks make the third shortcut: while the
-running requests decode up to one still prefilling, which takes all the budget they leave (so no
-waiting request can be admitted, whatever arrives), each step repeats the last but for the context,
-which grows by the step's tokens, and the engine runs them at once as a stretch, up to the step
-before the one that completes that prompt (``_chunk_steps``). The per-request loops of a step and of a stretch are
-compiled with numba over one int64 table (a row per request); the policies still see plain Python.
-A ``steady`` decision (see :class:`~portbench.engine.Decision`) is repeated at the steps it covers
-without asking the policy; those steps are walked one by one all the same (their times depend on
-what runs), and a completion, a preemption or a refused admission ends the repetition. After a
-step in which the decision held every running request and the engine refused its admission (nothing
-ran, nothing was admitted or preempted: only the clock moved), a decision marked
-``repeat_if_refused`` is repeated over the next idle steps at once, up to the next arrival, its
-clock timer or the drain bound; and a pure-decode step whose first proposal was refused for KV
-blocks starts a stretch like any other under such a decision (``fifo``'s; a key's that reads fixed
-data, the cached prefixes or the clock only where no two laxities nearly tie: see
-:class:`~portbench.engine.queue.KeyPolicy`), as the refused request stays short of blocks while the
-others decode; after a decision that read the cached prefixes, the step and its stretch take no
-block that a waiting request's hit uses (see ``_refusal_repeats``).
-``tests/test_event_skipping.py`` checks all of it against the step-by-step walk, which runs the same
-step code but asks the policy at every step and jumps nowhere.
+Holds :class:`VllmV1Model` (the settings), ``_V1Engine`` (one run) and the numba-compiled loops of a
+step and of a *stretch*: a run of steps in which nothing can change (no arrival, completion, block
+exhaustion, prefill or policy timer), summed in closed form, bit-identical to walking them one by
+one. The shortcuts (pure-decode stretches, lazily asked ``admission_only`` policies, a long
+prompt's chunk steps, ``steady`` and ``repeat_if_refused`` decisions) are described where they are
+taken (``run``, ``_execute_step``, ``_chunk_steps``, ``_refusal_repeats``);
+``tests/test_event_skipping.py`` checks all of them against the step-by-step walk, which runs the
+same step code but asks the policy at every step and jumps nowhere.
 """
 
 from __future__ import annotations
@@ -714,6 +681,18 @@ class _V1Engine:
         return self.block_hashes is not None or self.admit_ps[i] >= 0
 
     def run(self, event_skipping: bool = True) -> None:
+        """Run the window. With ``event_skipping`` (and a policy that allows it) the engine jumps:
+
+        - over pure-decode stretches (every step alike but for the context, up to an arrival, a
+          completion, block exhaustion or a policy timer: :func:`_stretch`);
+        - for an ``admission_only`` policy (a decision that only admits and is a pure function of the
+          view): it is asked only when a waiting request could get a slot, budget and the blocks of
+          its first chunk; once none can, a stretch runs on past arrivals that could not be admitted
+          either (free blocks only shrink in it); its admissions are taken lazily;
+        - over a long prompt's chunk steps (``_chunk_steps``), a ``steady`` decision's steps
+          (repeated without asking, walked one by one) and, after a refused admission, a
+          ``repeat_if_refused`` decision's idle steps or decode stretch (``_refusal_repeats``).
+        """
         n, m = self.n, self.model
         order = np.argsort(self._arrival_arr, kind="stable").tolist()
         view = EngineView(self)

@@ -8,49 +8,7 @@ requests a replay refuses (:data:`REFUSAL_RULE`), and the RQ6 case's two configu
 (:data:`EQUAL_ADMISSION`, :data:`STUDY_ENGINE`). :mod:`portbench.realengine.vllm_backend` builds
 the engines and replays the windows.
 
-Policies (engine-level settings in :data:`POLICIES`; priorities are vLLM's ``priority`` scheduling,
-lower = earlier, static per request, ties by arrival then id):
-
-========================== =================================================================
-``fifo``                   vLLM FCFS (``scheduling_policy="fcfs"``), chunked prefill
-``vllm_faithful``          vLLM FCFS, 2,560-token budget, **chunked prefill off**, 256 seqs.
-                           vLLM v1 then requires ``max_model_len <= max_num_batched_tokens``, so
-                           ``max_model_len = 2560`` and a request with prompt + output > 2560 is
-                           **rejected** (never submitted, counted as not completed, listed in
-                           ``info["rejected"]``) — where the study's v0.1.0 model instead let such a
-                           prompt block the queue head forever. (See :data:`REFUSAL_RULE`.)
-``edf``                    priority = the request's rank in ``edf``'s key (the deadline, ties by
-                           arrival; :func:`key_priorities`): exactly the simulator's order, where a
-                           deadline in microseconds would tie requests closer than that
-``estimated_service_time_first`` priority = the rank in its key (est = prompt/2 + predicted output,
-                           then the deadline): exactly the simulator's order, ties on est included
-                           (an integer 2·est would break them by arrival)
-``least_laxity_first``     priority = (deadline − est) in µs, the study's unit quirk kept (est in
-                           1 ms steps subtracted from seconds); ``now`` is common to all, so the
-                           static order equals the dynamic one
-``slai_faithful``          :class:`~portbench.realengine.vllm_slai_scheduler.SlaiScheduler`
-                           (``scheduler_cls``), priority scheduling, 512-token budget, chunked
-                           prefill, 128 seqs; priority = the prompt's length (the port sets it
-                           itself; an engine model reads it to preempt as vLLM does, the longest
-                           prompt first)
-``vllm_v1_priority``       vLLM v1's own priority scheduling, priority = deadline (µs; the same
-                           order as ``edf``'s rank but for deadlines within a microsecond), ``edf``'s
-                           engine settings: the simulator's ``edf`` (an alias of it by this name)
-``vllm_v0_priority``       the same priorities; the simulator's policy also lets a waiting request
-                           evict lower priorities (vLLM v0's rule), which vLLM v1 does not have: an
-                           engine model reads the priorities only to choose growth-preemption
-                           victims as vLLM v1 does, the lowest priority first
-any other key policy       :class:`~portbench.realengine.vllm_key_scheduler.KeyPolicyScheduler`
-(``sjf_aging``, ``hrrn``,  (``scheduler_cls``): vLLM's FCFS queue put in the policy's own key order
-a user's own ...)          before every step (:func:`policy_spec` builds its spec); one with
-                           ``evict = True``: vLLM's priority scheduling, priority = the request's
-                           rank in the key's order (:func:`key_priorities`)
-========================== =================================================================
-
-The table's entries are vLLM's own scheduling (FCFS, or priority with a priority computed per
-request) or a port of a policy that is not a key (``slai_faithful``); every other registered
-:class:`~portbench.engine.queue.KeyPolicy`, a user's own included, runs through the one adapter
-with no further code.
+Policies and how each runs: the comment above :data:`POLICIES`.
 """
 
 from __future__ import annotations
@@ -114,6 +72,49 @@ def _prio_prompt(w: Window) -> np.ndarray:
 
 _PRIORITY = {"deadline": _prio_deadline, "laxity": _prio_laxity, "prompt": _prio_prompt}
 
+# Policies (engine-level settings in :data:`POLICIES`; priorities are vLLM's ``priority`` scheduling,
+# lower = earlier, static per request, ties by arrival then id):
+#
+# ========================== =================================================================
+# ``fifo``                   vLLM FCFS (``scheduling_policy="fcfs"``), chunked prefill
+# ``vllm_faithful``          vLLM FCFS, 2,560-token budget, **chunked prefill off**, 256 seqs.
+#                            vLLM v1 then requires ``max_model_len <= max_num_batched_tokens``, so
+#                            ``max_model_len = 2560`` and a request with prompt + output > 2560 is
+#                            **rejected** (never submitted, counted as not completed, listed in
+#                            ``info["rejected"]``) — where the study's v0.1.0 model instead let such a
+#                            prompt block the queue head forever. (See :data:`REFUSAL_RULE`.)
+# ``edf``                    priority = the request's rank in ``edf``'s key (the deadline, ties by
+#                            arrival; :func:`key_priorities`): exactly the simulator's order, where a
+#                            deadline in microseconds would tie requests closer than that
+# ``estimated_service_time_first`` priority = the rank in its key (est = prompt/2 + predicted output,
+#                            then the deadline): exactly the simulator's order, ties on est included
+#                            (an integer 2·est would break them by arrival)
+# ``least_laxity_first``     priority = (deadline − est) in µs, the study's unit quirk kept (est in
+#                            1 ms steps subtracted from seconds); ``now`` is common to all, so the
+#                            static order equals the dynamic one
+# ``slai_faithful``          :class:`~portbench.realengine.vllm_slai_scheduler.SlaiScheduler`
+#                            (``scheduler_cls``), priority scheduling, 512-token budget, chunked
+#                            prefill, 128 seqs; priority = the prompt's length (the port sets it
+#                            itself; an engine model reads it to preempt as vLLM does, the longest
+#                            prompt first)
+# ``vllm_v1_priority``       vLLM v1's own priority scheduling, priority = deadline (µs; the same
+#                            order as ``edf``'s rank but for deadlines within a microsecond), ``edf``'s
+#                            engine settings: the simulator's ``edf`` (an alias of it by this name)
+# ``vllm_v0_priority``       the same priorities; the simulator's policy also lets a waiting request
+#                            evict lower priorities (vLLM v0's rule), which vLLM v1 does not have: an
+#                            engine model reads the priorities only to choose growth-preemption
+#                            victims as vLLM v1 does, the lowest priority first
+# any other key policy       :class:`~portbench.realengine.vllm_key_scheduler.KeyPolicyScheduler`
+# (``sjf_aging``, ``hrrn``,  (``scheduler_cls``): vLLM's FCFS queue put in the policy's own key order
+# a user's own ...)          before every step (:func:`policy_spec` builds its spec); one with
+#                            ``evict = True``: vLLM's priority scheduling, priority = the request's
+#                            rank in the key's order (:func:`key_priorities`)
+# ========================== =================================================================
+#
+# The table's entries are vLLM's own scheduling (FCFS, or priority with a priority computed per
+# request) or a port of a policy that is not a key (``slai_faithful``); every other registered
+# :class:`~portbench.engine.queue.KeyPolicy`, a user's own included, runs through the one adapter
+# with no further code.
 POLICIES: dict[str, PolicySpec] = {
     "fifo": PolicySpec("fcfs", description="vLLM FCFS, chunked prefill"),
     "vllm_faithful": PolicySpec("fcfs", max_num_batched_tokens=2560, max_num_seqs=256,

@@ -15,27 +15,12 @@ name importable from here (``from portbench import stats; stats.reversals(...)``
 - :mod:`~portbench.stats.reversal` — pairwise reversals between sources and their classes;
 - :mod:`~portbench.stats.recovery` — how many windows recover the all-window ranking.
 
-Conventions shared by all:
-
-- The unit is the window. Rows that repeat a (window, policy) cell are averaged over their defined
-  values first. A condition value is the mean over the windows where the metric is defined; NaN
-  (undefined) is never imputed, and a policy with no defined window leaves that condition's ranking.
-- Policies are always handled in alphabetical order; a pair (a, b) has a < b and Δ = a − b. Top-1
-  ties are broken by the alphabetically first policy id (the original's rule) and reported.
-- Randomness comes only from the ``seed`` argument (an int or a ``numpy.random.Generator``). Each
-  condition or family is seeded afresh from it, so a condition's numbers do not depend on which
-  other conditions were computed in the same call.
-- Bootstraps are vectorised: a resample is a row of window counts, so all resampled means are one
-  matrix product ``counts @ values`` and Kendall τ_b for all resamples comes from pairwise sign
-  comparisons in numpy.
-- Two means closer than ``TIE_RTOL`` (relative) count as tied in the table-based functions: the
-  same values summed in a different order (by the BLAS kernel, say) must not break a real tie.
-  :func:`kendall_tau_b` itself is exact by default, like scipy.
-- ``slo_multiplier`` selects rows of one SLO definition (default: the base 20×); ``None`` means no
-  filter and is refused when the table holds several multipliers.
-
-The underscored helpers re-exported below are the building blocks other analyses of the package
-(:mod:`portbench.robust`) and the tests use.
+Conventions shared by all: the unit is the window (a repeated (window, policy) cell is averaged
+first; NaN is never imputed); policies in alphabetical order, a pair (a, b) with a < b and
+Δ = a − b, top-1 ties broken by the first id (the original's rule) and reported; randomness only
+from ``seed``, each condition seeded afresh; bootstraps vectorised (a resample is a row of window
+counts); means within ``TIE_RTOL`` tie in the table functions; ``slo_multiplier`` selects one SLO
+definition (default ×20; ``None`` refused when the table holds several).
 """
 
 from __future__ import annotations
