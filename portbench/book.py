@@ -320,7 +320,8 @@ def plan_parameters(parameters: dict | None, notebooks=None) -> dict[str, dict]:
 # Helpers the notebooks use for labels and panels
 
 #: Readable names of the study's sources (any other source is named by its id).
-SOURCE_LABELS = {"azure_llm_2024": "Azure", "bailian_qwen": "Bailian", "burstgpt": "BurstGPT"}
+SOURCE_LABELS = {"azure_llm_2024": "Azure", "bailian_qwen": "Bailian", "burstgpt": "BurstGPT",
+                 "mooncake_conversation": "Mooncake conversation", "mooncake_synthetic": "Mooncake synthetic"}
 
 
 def source_label(source: str) -> str:

@@ -2,59 +2,27 @@
 
 Where ``vllm_v1`` is a hand-written emulation of vLLM v1's scheduling rules, this model runs vLLM's
 code itself (``vllm.v1.core.sched.scheduler.Scheduler`` with its ``KVCacheManager``; vLLM 0.32.0,
-CPU build, in ``.venv-vllm``) without a model or a forward pass:
+CPU build, in ``.venv-vllm``) without a model or a forward pass (:func:`build_scheduler`): each
+request is added at the first step that starts at or after its arrival, each step is one
+``schedule()`` and one ``update_from_output()`` that samples a token for every request whose prompt
+is complete, and the clock advances by ``vllm_v1``'s step-cost model on the batch read off vLLM's
+output (:class:`_NativeEngine`), so that only scheduling decisions can differ between the two
+models. It returns the same :class:`~portbench.engine.api.RunResult`, deterministically, in the
+calling thread; its options and the vLLM rules it has are :class:`VllmNativeModel`'s.
 
-- the scheduler is built from ``EngineArgs(...).create_engine_config()`` over a Llama
-  ``config.json`` only, a hand-made KV-cache configuration (one full-attention group) and
-  ``cache_config.num_gpu_blocks``; vLLM's block pool keeps one block back (its *null block*), so
-  ``max_kv_tokens // block_size`` usable blocks take ``+ 1`` there, the capacity ``vllm_v1`` has;
-- each request is added (``Scheduler.add_request``) at the first step that starts at or after its
-  (scaled) arrival, with ``SamplingParams(max_tokens=output, ignore_eos=True)``; each step is one
-  ``schedule()`` and one ``update_from_output()`` whose ``ModelRunnerOutput`` gives one sampled
-  token to every scheduled request whose prompt (or recompute) is complete, so a request finishes
-  after exactly its output tokens (checked);
-- the clock advances by the step-cost model ``vllm_v1`` uses (:class:`~portbench.engine.stepcost.StepCost`,
-  integer picoseconds: fixed + gap + per prefill token + per decoding sequence + per context token,
-  or a cost's own ``step_ps``), the batch read off the scheduler's output the way ``vllm_v1``
-  counts it, so that only scheduling decisions can differ between the two models;
-- it ends, like the other models, ``drain_s`` after the last arrival, and returns the same
-  :class:`~portbench.engine.api.RunResult`. It is deterministic and runs in the calling thread.
+Policies run as on the real engine (:func:`native_spec`): ``fifo`` as vLLM's ``fcfs``, the deadline
+policies as its ``priority`` scheduling, every other key policy through the key adapter and
+``slai_faithful`` through its scheduler port, both on the virtual clock.
 
-Policies: as on the real engine (:func:`portbench.realengine.vllm_settings.policy_spec`). ``fifo``
-is vLLM's ``fcfs``; ``edf``, ``vllm_v0_priority``, ``estimated_service_time_first`` and
-``least_laxity_first`` are vLLM's ``priority`` scheduling with the same integer priorities as the
-real replay (:func:`~portbench.realengine.vllm_settings.priorities`); every other key policy, a
-user's own included, runs through the key adapter
-(:class:`~portbench.realengine.vllm_key_scheduler.KeyPolicyScheduler`: vLLM's FCFS queue in the
-key's order before each step, the key reading this model's virtual clock). ``slai_faithful`` runs
-its real-engine scheduler port (:class:`~portbench.realengine.vllm_slai_scheduler.SlaiScheduler`) on
-the virtual clock, Θ counting the rule's 1 ms step (on the real engine the port measures its step).
-``vllm_faithful``'s vLLM form is engine settings (a 2,560-token budget, chunked prefill off), so it is
-refused: run ``fifo`` on a model configured that way. No other policy that is not a key runs here.
+vLLM's prefix cache (``enable_prefix_caching``) is vLLM's own, over prompts whose token ids follow
+a window's block hashes (:mod:`portbench.engine.prefix`); ``warm_start`` fills it, before the
+window's clock starts, by serving the window's history through vLLM's KV-cache manager one request
+after another (:func:`warm_kv_cache`).
 
-vLLM rules this model has and ``vllm_v1`` does not (see ``benchmarks/native_vs_model.py``):
-``max_model_len``, and priority scheduling's preemption victim (the running request of lowest
-priority, not the newest). ``vllm_v1`` took over these from this check: chunked prefill off
-(``enable_chunked_prefill=False``),
-``reserve_full_isl`` (vLLM 0.32's ``scheduler_reserve_full_isl``, on by default: a waiting request
-is admitted only when the KV blocks of its whole prompt, or prompt + output so far after a
-preemption, are free, not just those of its first chunk), the request that preempts itself when no
-other is left to preempt, the long-prefill cap lifted when a single request is in the engine, and
-vLLM's prefix cache (below).
-
-Prefix caching (``enable_prefix_caching``, off by default here; ``vllm_v1`` has the same option) is
-vLLM's own: its block hasher over each request's token ids, its cache lookup when a request with
-nothing computed is scheduled (new, or preempted), its free-queue eviction. The prompts are
-:func:`portbench.engine.prefix.prompt_token_ids`: where a window carries block hashes
-(``window.block_hashes``, e.g. ``mooncake_conversation``; ``meta["block_tokens"]`` tokens a hash),
-two requests' prompts hold the same tokens exactly where their hash ids say so, and every token past
-a request's hash list is a distinct random id (``prompt_seed``); each output token of request ``i``
-is :func:`~portbench.engine.prefix.output_token_id` ``(i)``, so no two requests share a block that
-holds output. A study window carries no hashes: nothing is shared between requests, and the cache
-serves only a preempted request's own blocks. A hit is counted as vLLM counts it: vLLM sets the
-request's computed tokens to the hit at admission, so the step-cost batch reads the hit as context
-and only the tokens computed in the step as prefill. With caching off the prompts are one repeated
-token and every output the same token, as before the option (the runs are unchanged).
+The step-by-step comparison with ``vllm_v1`` (``benchmarks/native_vs_model.py``) is here too:
+:func:`record_model_steps`, :func:`record_native_steps`, :func:`first_differing_step` and
+:func:`classify_step`, whose classes (:data:`CLASSES`) name the vLLM rules ``vllm_v1`` lacks (or
+took over from this check).
 
 Without vLLM the model refuses to be built, naming the command that sets it up (:data:`VLLM_SETUP`).
 """
@@ -134,25 +102,38 @@ class VllmNativeModel:
     """vLLM 0.32's own v1 scheduler, stepped in virtual time with ``vllm_v1``'s step cost.
 
     The limits are ``vllm_v1``'s (:class:`~portbench.engine.vllm_v1.VllmV1Model`), with the same
-    defaults, plus vLLM's own options:
+    defaults; vLLM's block pool keeps one block back (its null block), so ``max_kv_tokens //
+    block_size`` usable blocks take ``+ 1`` there (:attr:`num_gpu_blocks`). vLLM's own options:
 
     - ``enable_chunked_prefill`` (vLLM's default, on): off, a waiting prompt that does not fit the
       step's budget left stops admission, and vLLM then needs ``max_model_len <=
       max_num_batched_tokens``;
     - ``max_model_len``: a request with prompt + output above it is refused at arrival (never
-      admitted), as the real replay refuses it (vLLM would cut its output);
+      admitted), as the real replay refuses it (vLLM would cut its output); ``vllm_v1`` has no such
+      limit;
     - ``reserve_full_isl`` (vLLM 0.32's ``scheduler_reserve_full_isl``, default on): admission needs
       the KV blocks of the whole sequence, not just of the first chunk;
     - ``enable_prefix_caching`` (off here; vLLM's default is on): vLLM's prefix cache over prompts
       whose 512-token blocks follow the window's block hashes (:mod:`portbench.engine.prefix`;
       tokens past a request's hash list, and every token of a window without hashes, are distinct
-      random ids seeded by ``prompt_seed``) and per-request output tokens: requests share cached
-      blocks exactly where their hash ids agree, and a preempted request finds its own blocks while
-      they are still cached. A hit's tokens count as context, not as prefill, in the step cost.
+      random ids seeded by ``prompt_seed``) and per-request output tokens
+      (:func:`~portbench.engine.prefix.output_token_id`): requests share cached blocks exactly where
+      their hash ids agree, and a preempted request finds its own blocks while they are still
+      cached. vLLM sets an admitted request's computed tokens to its hit, so a hit's tokens count
+      as context, not as prefill, in the step cost. Off, every prompt is one repeated token and
+      every output the same token;
+    - ``warm_start`` (needs the cache on and the window loaded with its history,
+      ``store.load_window(..., history=True)``): before the window's first step, vLLM's KV-cache
+      manager serves the window's history one request after another (:func:`warm_kv_cache`): the
+      state ``vllm_v1``'s ``warm_start`` emulates (:func:`~portbench.engine.blockpool.warm_array`).
 
     ``long_prefill_token_threshold`` is vLLM's (0 = off). vLLM 0.32 has no
     ``max_num_partial_prefills`` (v1 removed it), so ``vllm_v1``'s concurrent-prefill caps have no
-    counterpart here.
+    counterpart here, and vLLM has no host-memory tier like ``vllm_v1``'s ``offload_kv_tokens``
+    (this model has no such option). vLLM's priority scheduling preempts the running request of
+    lowest priority; ``vllm_v1`` took that over from this check, as it did the full-sequence
+    reservation, chunked prefill off, a request that preempts itself when no other is left to
+    preempt, the long-prefill cap lifted for a lone request, and the prefix cache.
     """
 
     name: ClassVar[str] = "vllm_native"
@@ -169,6 +150,7 @@ class VllmNativeModel:
     reserve_full_isl: bool = True
     enable_prefix_caching: bool = False
     prompt_seed: int = 0
+    warm_start: bool = False
 
     def __post_init__(self):
         for what, least in (("max_num_batched_tokens", 1), ("max_active_sequences", 1),
@@ -193,6 +175,9 @@ class VllmNativeModel:
                 f"VllmNativeModel: with chunked prefill off vLLM needs max_model_len "
                 f"({self.max_model_len}) <= max_num_batched_tokens ({self.max_num_batched_tokens}); "
                 f"lower max_model_len (longer requests are then refused) or raise the budget")
+        if self.warm_start and not self.enable_prefix_caching:
+            raise ValueError("VllmNativeModel: warm_start warms vLLM's prefix cache: it needs "
+                             "enable_prefix_caching=True")
         require_vllm()
 
     @property
@@ -216,6 +201,11 @@ class VllmNativeModel:
         return self.max_kv_tokens // self.block_size + 1
 
     def make_engine(self, window, policy, priority=None):
+        if self.warm_start and (getattr(window, "history", None) is None
+                                or getattr(window, "block_hashes", None) is None):
+            raise ValueError(f"VllmNativeModel(warm_start=True): window {window.window_id!r} has no "
+                             f"history to warm vLLM's prefix cache with (a prefix-hashed source's "
+                             f"window, loaded with store.load_window(..., history=True))")
         return _NativeEngine(window, policy, self, priority)
 
 
@@ -231,7 +221,19 @@ def native_form(policy_name: str) -> str:
 
 def native_spec(policy_name: str):
     """The :class:`~portbench.realengine.vllm_settings.PolicySpec` that runs ``policy_name`` here
-    (see :func:`native_form`); a policy with no such form is refused, naming the policies that run."""
+    (see :func:`native_form`); a policy with no such form is refused, naming the policies that run.
+
+    As on the real engine (:func:`portbench.realengine.vllm_settings.policy_spec`): ``fifo`` is vLLM's
+    ``fcfs``; ``edf``, ``vllm_v0_priority``, ``estimated_service_time_first`` and
+    ``least_laxity_first`` are vLLM's ``priority`` scheduling with the real replay's integer
+    priorities (:func:`~portbench.realengine.vllm_settings.priorities`); every other key policy, a
+    user's own included, runs through the key adapter
+    (:class:`~portbench.realengine.vllm_key_scheduler.KeyPolicyScheduler`: vLLM's FCFS queue in the
+    key's order before each step, the key reading this model's virtual clock). ``slai_faithful``
+    runs its real-engine scheduler port (:class:`~portbench.realengine.vllm_slai_scheduler.SlaiScheduler`)
+    on the virtual clock, Θ counting the rule's 1 ms step. ``vllm_faithful``'s vLLM form is engine
+    settings, so it is refused (run ``fifo`` on a model configured that way), as is any other policy
+    that is not a key."""
     try:
         return _spec(policy_name)
     except ValueError as e:
@@ -371,10 +373,86 @@ class NativeStep(NamedTuple):
     hits: dict = {}         # admitted request -> tokens computed at admission (its prefix-cache hit)
 
 
+#: The history's prompts draw their random tokens from this stream of ``prompt_seed`` (the window's
+#: prompts from ``prompt_seed`` itself), so that no history prompt repeats a window prompt's tokens.
+_HISTORY_STREAM = 1
+
+
+def warm_kv_cache(kvm, window, model: VllmNativeModel, hasher) -> list:
+    """Leave vLLM's KV-cache manager ``kvm`` (a fresh scheduler's) as serving ``window.history`` one
+    request after another leaves it: its requests from
+    :func:`~portbench.engine.prefix.warm_history_start` (over ``model``'s usable blocks) on, each
+    alone in the engine, by the calls vLLM's scheduler makes for such a request:
+
+    - ``get_computed_blocks``: its cached prefix (at most its prompt less one token);
+    - ``allocate_slots`` for the rest of its prompt: the hit blocks shared, new blocks from the free
+      queue's head, the full ones cached (the prompt at once: its chunks would take the same blocks
+      in the same order, alone in the engine);
+    - its output tokens appended and ``allocate_slots`` for the ``output - 1`` that are computed
+      (vLLM never computes the last sampled token), caching the full blocks they complete (at once,
+      as above: one decode step each would take the same blocks);
+    - ``free``: its blocks back to the free queue, last first.
+
+    ``tests/test_vllm_native.py`` checks the end state against vLLM's scheduler stepped on each
+    request alone. History request ``j`` (``j = 0`` at the first one served) has the prompt
+    :func:`~portbench.engine.prefix.prompt_token_ids` draws from ``(prompt_seed,``
+    :data:`_HISTORY_STREAM` ``)`` and every output token
+    :func:`~portbench.engine.prefix.output_token_id` ``(len(window) + j)``, distinct from every window
+    request's. A request vLLM would refuse (prompt + output above ``max_model_len``) or whose blocks
+    the pool cannot hold is left out. Returns the requests served (vLLM ``Request`` objects, with
+    their block hashes), in order, ``None`` where one was left out."""
+    from vllm import SamplingParams
+    from vllm.v1.request import Request, RequestStatus
+
+    bs, usable = model.block_size, model.max_kv_tokens // model.block_size
+    first = prefix.warm_history_start(window, usable, bs)
+    hist, n = window.history, len(window)
+    rng = np.random.default_rng((model.prompt_seed, _HISTORY_STREAM))
+    served = []
+    for j, r in enumerate(range(first, len(hist))):
+        inp, out = int(hist.input_tokens[r]), int(hist.output_tokens[r])
+        prompt = prefix.prompt_token_ids(inp, hist.block_hashes[r], hist.block_tokens, rng)
+        req = Request(f"history-{j}", prompt, SamplingParams(max_tokens=out, ignore_eos=True,
+                                                             detokenize=False),
+                      None, arrival_time=0.0, block_hasher=hasher)
+        if inp + out > model.max_model_len or -(-(inp + out - 1) // bs) > usable:
+            served.append(None)                     # refused, or longer than the whole pool
+            continue
+        hit_blocks, hit = kvm.get_computed_blocks(req)[:2]
+        _allocate(kvm, req, inp - hit, hit, hit_blocks)         # the prompt
+        req.num_computed_tokens = inp
+        req.status = RequestStatus.RUNNING
+        req.append_output_token_ids([prefix.output_token_id(n + j)] * out)
+        if out > 1:                                             # the output but its last token
+            _allocate(kvm, req, out - 1)
+            req.num_computed_tokens += out - 1
+        req.status = RequestStatus.FINISHED_LENGTH_CAPPED
+        kvm.free(req)
+        served.append(req)
+    return served
+
+
+def _allocate(kvm, req, n_new: int, hit: int = 0, hit_blocks=None) -> None:
+    """``kvm.allocate_slots`` for a request alone in the engine (no watermark), which must fit."""
+    if kvm.allocate_slots(req, n_new, hit, hit_blocks, has_scheduled_reqs=False) is None:
+        raise RuntimeError(f"vLLM found no KV blocks for {req.request_id}, alone in the engine")
+
+
 # --- the engine ----------------------------------------------------------------------------------
 
 class _NativeEngine:
-    """One replay of a window on vLLM's scheduler (``run`` once, then ``result``)."""
+    """One replay of a window on vLLM's scheduler (``run`` once, then ``result``).
+
+    Each request is added (``Scheduler.add_request``) at the first step that starts at or after its
+    (scaled) arrival, with ``SamplingParams(max_tokens=output, ignore_eos=True)``; each step is one
+    ``schedule()`` and one ``update_from_output()`` whose ``ModelRunnerOutput`` gives one sampled
+    token to every scheduled request whose prompt (or recompute) is complete, so a request finishes
+    after exactly its output tokens (checked). The clock advances by the step-cost model ``vllm_v1``
+    uses (:class:`~portbench.engine.stepcost.StepCost`, integer picoseconds: fixed + gap + per
+    prefill token + per decoding sequence + per context token, or a cost's own ``step_ps``), the
+    batch read off the scheduler's output the way ``vllm_v1`` counts it (:meth:`_batch`). The run
+    ends, like the other models', ``drain_s`` after the last arrival.
+    """
 
     def __init__(self, window, policy, model: VllmNativeModel, priority=None):
         self.model, self.policy = model, policy
@@ -410,6 +488,9 @@ class _NativeEngine:
         self.step_log = []
 
     def _request(self, i: int, hasher):
+        """Request ``i`` for vLLM: with the prefix cache on, its prompt's 512-token blocks follow the
+        window's hash ids and its other tokens are distinct (:func:`~portbench.engine.prefix.prompt_token_ids`,
+        from ``prompt_seed``); off, one repeated token."""
         from vllm import SamplingParams
         from vllm.v1.request import Request
 
@@ -424,14 +505,12 @@ class _NativeEngine:
                        arrival_time=float(self.arrival_s[i]), priority=self.vllm_priority[i],
                        block_hasher=hasher)
 
-    def run(self, event_skipping: bool = True) -> None:      # noqa: ARG002 (every step is walked)
-        from vllm.v1.outputs import ModelRunnerOutput
-
-        m, n = self.model, self.n
-        if n == 0:
-            return
+    def _scheduler(self):
+        """vLLM's scheduler for this run, its policy on the virtual clock, its prefix cache warmed
+        under ``warm_start``; sets the hasher and each request's sampled token."""
         from ..realengine.vllm_settings import KEY_SCHEDULER
 
+        m = self.model
         sched = build_scheduler(m, self.scheduling_policy, self.scheduler_cls)
         if self.scheduler_cls == KEY_SCHEDULER:     # the policy's own order, on the virtual clock
             sched.begin_key_replay(self.policy, self.window, index_of=int, clock=lambda: self.t_ps / PS,
@@ -441,33 +520,40 @@ class _NativeEngine:
             # not one measured between calls as on the real engine
             sched.slai_configure(step_ema=0.0, **dataclasses.asdict(self.policy.rule))
             sched.slai_use_clock(lambda: self.t_ps / PS)
-        hasher = None
-        token, nothing = [_TOKEN], []
+        self._costs = m.cost.picoseconds()
+        self._step_ps = getattr(m.cost, "step_ps", None)
+        self._hasher = None
         if m.enable_prefix_caching:
-            hasher = _block_hasher(m.block_size, sched.cache_config.prefix_caching_hash_algo)
+            self._hasher = _block_hasher(m.block_size, sched.cache_config.prefix_caching_hash_algo)
             self._rng = np.random.default_rng(m.prompt_seed)
             self._hash_tokens = int(self.window.meta.get("block_tokens", 512))
-            tokens = [[prefix.output_token_id(i)] for i in range(n)]    # each request its own
+            self._tokens = [[prefix.output_token_id(i)] for i in range(self.n)]    # each its own
+            if m.warm_start:
+                warm_kv_cache(sched.kv_cache_manager, self.window, m, self._hasher)
         else:
-            tokens = [token] * n
-        c0, cp, cd, cc, cg = m.cost.picoseconds()
-        step_ps = getattr(m.cost, "step_ps", None)
-        requests = sched.requests
+            self._tokens = [[_TOKEN]] * self.n
+        return sched
+
+    def run(self, event_skipping: bool = True) -> None:      # noqa: ARG002 (every step is walked)
+        """Replay the window: requests join at their arrival's step, the scheduler steps until every
+        request has left or the drain bound (``drain_s`` after the last arrival) is reached."""
+        m, n = self.model, self.n
+        if n == 0:
+            return
+        sched = self._scheduler()
+        self._objs = [None] * n
         order = np.argsort(np.array(self.arrival_ps, dtype=np.int64), kind="stable").tolist()
-        arrival_ps, out, produced = self.arrival_ps, self.out, self.produced
-        first_ps, finish_ps, admit_ps = self.first_ps, self.finish_ps, self.admit_ps
+        arrival_ps = self.arrival_ps
         drain_end = None
         nxt = 0
         self.t_ps = arrival_ps[order[0]]
-        log = self.step_log
-        objs = [None] * n
         while True:
             t = self.t_ps
             while nxt < n and arrival_ps[order[nxt]] <= t:
                 i = order[nxt]
                 if not self.refused[i]:
-                    req = self._request(i, hasher)
-                    objs[i] = req
+                    req = self._request(i, self._hasher)
+                    self._objs[i] = req
                     sched.add_request(req)
                 nxt += 1
             if nxt == n and drain_end is None:
@@ -479,76 +565,99 @@ class _NativeEngine:
                 continue
             if drain_end is not None and t >= drain_end:
                 break                                       # the drain bound: no step starts now
-            if log is not None:
-                free0 = sched.kv_cache_manager.block_pool.get_num_free_blocks()
-                running0 = [int(r.request_id) for r in sched.running]
-                waiting0 = [int(r.request_id) for r in sched.waiting]
-                was_running = {r.request_id for r in sched.running}
-                hits = {}
-            so = sched.schedule()
-            if log is not None:
-                free1 = sched.kv_cache_manager.block_pool.get_num_free_blocks()
-                head = None
-                if sched.waiting:
-                    h = sched.waiting.peek_request()
-                    head = (int(h.request_id), h.num_tokens)
-            scheduled = so.num_scheduled_tokens
-            prefill = decodes = context = 0
-            ids = list(scheduled)
-            sampled = []
-            for rid in ids:
-                k = scheduled[rid]
-                r = requests[rid]
-                after = r.num_computed_tokens               # schedule() has already advanced it
-                total = r.num_tokens
-                before = after - k
-                if total - before == 1 and r.num_output_tokens > 0:
-                    decodes += 1
-                else:
-                    prefill += k
-                context += before                           # a new request's hit included
-                sampled.append(tokens[int(rid)] if after >= total else nothing)
-                if log is not None and rid not in was_running:
-                    hits[int(rid)] = before     # computed at admission: its cache hit
-            for new in so.scheduled_new_reqs:
-                i = int(new.req_id)
-                if admit_ps[i] < 0:
-                    admit_ps[i] = t
-                self.hit_tokens += new.num_computed_tokens      # its prefix-cache hit
-            cached = so.scheduled_cached_reqs
-            if cached.resumed_req_ids:
-                self.hit_tokens += sum(c for rid, c in zip(cached.req_ids, cached.num_computed_tokens)
-                                       if rid in cached.resumed_req_ids)
-            self.n_preemptions += len(so.preempted_req_ids)
-            self.last_step_start_ps = t
-            if step_ps is None:
-                self.t_ps = t + c0 + cg + cp * prefill + cd * decodes + cc * context
+            self._step(sched, t)
+
+    def _step(self, sched, t: int) -> None:
+        """One step starting at ``t``: schedule, advance the clock, sample, stamp (and log)."""
+        log = self.step_log
+        was_running = None
+        if log is not None:
+            free0 = sched.kv_cache_manager.block_pool.get_num_free_blocks()
+            running0 = [int(r.request_id) for r in sched.running]
+            waiting0 = [int(r.request_id) for r in sched.waiting]
+            was_running = {r.request_id for r in sched.running}
+        so = sched.schedule()
+        if log is not None:
+            free1 = sched.kv_cache_manager.block_pool.get_num_free_blocks()
+            head = None
+            if sched.waiting:
+                h = sched.waiting.peek_request()
+                head = (int(h.request_id), h.num_tokens)
+        ids, sampled, prefill, decodes, context, hits = self._batch(sched, so, was_running)
+        for new in so.scheduled_new_reqs:
+            i = int(new.req_id)
+            if self.admit_ps[i] < 0:
+                self.admit_ps[i] = t
+            self.hit_tokens += new.num_computed_tokens      # its prefix-cache hit
+        cached = so.scheduled_cached_reqs
+        if cached.resumed_req_ids:
+            self.hit_tokens += sum(c for rid, c in zip(cached.req_ids, cached.num_computed_tokens)
+                                   if rid in cached.resumed_req_ids)
+        self.n_preemptions += len(so.preempted_req_ids)
+        self.last_step_start_ps = t
+        if self._step_ps is None:
+            c0, cp, cd, cc, cg = self._costs
+            self.t_ps = t + c0 + cg + cp * prefill + cd * decodes + cc * context
+        else:
+            self.t_ps = t + self._step_ps(self.step, t, prefill, decodes, context, len(ids))
+        self.step += 1
+        finished = self._sample(sched, so, ids, sampled, self.t_ps) if ids else []
+        if log is not None:
+            log.append(NativeStep(t, {int(r): k for r, k in so.num_scheduled_tokens.items()},
+                                  [int(x.req_id) for x in so.scheduled_new_reqs],
+                                  sorted(int(r) for r in so.preempted_req_ids), finished,
+                                  free0, free1, running0, waiting0, head, hits))
+
+    def _batch(self, sched, so, was_running):
+        """The step's batch as ``vllm_v1`` counts it: (request ids, each one's sampled tokens,
+        prefill tokens, decoding sequences, context tokens, the hit of each request not in
+        ``was_running``, when logging). A request whose computed tokens reach its tokens samples
+        its own token; one that computes one token after its output began is a decode; every other
+        scheduled token is prefill; a new request's hit counts as context."""
+        scheduled = so.num_scheduled_tokens
+        requests, tokens, nothing = sched.requests, self._tokens, []
+        prefill = decodes = context = 0
+        ids = list(scheduled)
+        sampled = []
+        hits = {}
+        for rid in ids:
+            k = scheduled[rid]
+            r = requests[rid]
+            after = r.num_computed_tokens               # schedule() has already advanced it
+            total = r.num_tokens
+            before = after - k
+            if total - before == 1 and r.num_output_tokens > 0:
+                decodes += 1
             else:
-                self.t_ps = t + step_ps(self.step, t, prefill, decodes, context, len(ids))
-            self.step += 1
-            t_end = self.t_ps
-            finished = []
-            if ids:
-                sched.update_from_output(so, ModelRunnerOutput(
-                    req_ids=ids, req_id_to_index={rid: j for j, rid in enumerate(ids)},
-                    sampled_token_ids=sampled))
-                for rid, s in zip(ids, sampled):
-                    if s:
-                        i = int(rid)
-                        produced[i] += 1
-                        if first_ps[i] < 0:
-                            first_ps[i] = t_end
-                        if objs[i].is_finished():
-                            if produced[i] != out[i]:
-                                raise RuntimeError(f"vLLM finished request {i} after {produced[i]} "
-                                                   f"tokens, not its {out[i]}")
-                            finish_ps[i] = t_end
-                            finished.append(i)
-            if log is not None:
-                log.append(NativeStep(t, {int(r): k for r, k in scheduled.items()},
-                                      [int(x.req_id) for x in so.scheduled_new_reqs],
-                                      sorted(int(r) for r in so.preempted_req_ids), finished,
-                                      free0, free1, running0, waiting0, head, hits))
+                prefill += k
+            context += before                           # a new request's hit included
+            sampled.append(tokens[int(rid)] if after >= total else nothing)
+            if was_running is not None and rid not in was_running:
+                hits[int(rid)] = before     # computed at admission: its cache hit
+        return ids, sampled, prefill, decodes, context, hits
+
+    def _sample(self, sched, so, ids, sampled, t_end: int) -> list:
+        """vLLM takes the step's sampled tokens; stamps each first token and finish at ``t_end``.
+        Returns the requests that left."""
+        from vllm.v1.outputs import ModelRunnerOutput
+
+        sched.update_from_output(so, ModelRunnerOutput(
+            req_ids=ids, req_id_to_index={rid: j for j, rid in enumerate(ids)},
+            sampled_token_ids=sampled))
+        finished = []
+        for rid, s in zip(ids, sampled):
+            if s:
+                i = int(rid)
+                self.produced[i] += 1
+                if self.first_ps[i] < 0:
+                    self.first_ps[i] = t_end
+                if self._objs[i].is_finished():
+                    if self.produced[i] != self.out[i]:
+                        raise RuntimeError(f"vLLM finished request {i} after {self.produced[i]} "
+                                           f"tokens, not its {self.out[i]}")
+                    self.finish_ps[i] = t_end
+                    finished.append(i)
+        return finished
 
     def result(self, window) -> RunResult:
         def stamp(ps):
@@ -680,7 +789,6 @@ def classify_step(k: int, model_steps, native_steps, window, policy_name: str,
     if k >= len(model_steps) or k >= len(native_steps):
         return "length", f"model {len(model_steps)} steps, native {len(native_steps)}"
     mo, na = model_steps[k], native_steps[k]
-    bs = native.block_size
     pm, pn = set(mo.preempted), set(na.preempted)
     # a port that plans its own step (SLAI's): other requests served or admitted, not only another victim
     plan = STEP_PLAN_CLASSES.get(native_spec(policy_name).scheduler_cls)
@@ -709,53 +817,12 @@ def classify_step(k: int, model_steps, native_steps, window, policy_name: str,
     entered_m = [i for i in mo.scheduled if i not in mo.running]
     entered_n = [i for i in na.scheduled if i not in na.running]
     if native.enable_prefix_caching:
-        both = [i for i in entered_n if i in set(entered_m)]
-        other = {i: (mo.hits.get(i, 0), na.hits.get(i, 0)) for i in both
-                 if mo.hits.get(i, 0) != na.hits.get(i, 0)}
-        if other:
-            return "cache_hit", f"hit tokens at admission (vllm_v1, vLLM): {other}"
-        if set(entered_m) != set(entered_n):
-            only_m = sorted(set(entered_m) - set(entered_n), key=mo.waiting.index)
-            only_n = sorted(set(entered_n) - set(entered_m), key=na.waiting.index)
-            hit_m = {i: mo.hits.get(i, 0) for i in only_m if mo.hits.get(i, 0)}
-            hit_n = {i: na.hits.get(i, 0) for i in only_n if na.hits.get(i, 0)}
-            if hit_m or hit_n:
-                return "cache_hit", (f"vllm_v1 admitted {only_m} (hits {hit_m}), vLLM {only_n} (hits "
-                                     f"{hit_n}); free blocks {na.free_blocks}, then {na.free_after}; "
-                                     f"queue head after vLLM's step {na.head}")
+        found = _cache_hit_class(mo, na, entered_m, entered_n)
+        if found:
+            return found
     if set(entered_m) != set(entered_n):
-        only_m = sorted(set(entered_m) - set(entered_n), key=mo.waiting.index)
-        only_n = sorted(set(entered_n) - set(entered_m), key=na.waiting.index)
-        earlier = {i for s in native_steps[:k] for i in s.preempted}
-        budget_left = native.max_num_batched_tokens - sum(na.scheduled.values())
-        if only_m and na.head is not None and na.head[0] == only_m[0]:
-            x, tokens = na.head
-            chunk = mo.scheduled[x]
-            if native.reserve_full_isl and -(-tokens // bs) > na.free_after >= -(-chunk // bs):
-                return "full_sequence_reservation", (
-                    f"request {x}: {tokens} tokens = {-(-tokens // bs)} blocks, {na.free_after} free; "
-                    f"vllm_v1 admitted its first chunk of {chunk} tokens")
-            if not native.enable_chunked_prefill and tokens > budget_left and chunk < tokens:
-                return "chunked_prefill_off", (f"request {x}: {tokens} tokens, {budget_left} left in "
-                                               f"the budget; vllm_v1 admitted a chunk of {chunk}")
-        if native_form(policy_name) == "priority":
-            again = sorted(earlier & set(only_m + only_n))
-            if again:
-                return "preempted_queue_position", (f"vllm_v1 admitted {only_m}, vLLM {only_n}; "
-                                                    f"preempted before: {again}")
-            from ..policies import make_policy
-            x = None if na.head is None else na.head[0]
-            if (only_m and x is not None and x in mo.waiting and x not in entered_m
-                    and getattr(make_policy(policy_name), "evict", False)):
-                return "waiting_eviction", (f"vllm_v1 passed over request {x}, which no eviction "
-                                            f"could fit, and admitted {only_m}; vLLM stopped at it "
-                                            f"(free blocks {na.free_blocks}, then {na.free_after})")
-            from ..realengine.vllm_settings import priorities
-            prio = priorities(window, policy_name)
-            if only_m and only_n and prio[only_m[0]] == prio[only_n[0]]:
-                return "tie_order", f"vllm_v1 admitted {only_m}, vLLM {only_n}, priority {prio[only_m[0]]}"
-        return "admission", (f"vllm_v1 admitted {only_m}, vLLM {only_n} (free blocks {na.free_blocks}, "
-                             f"then {na.free_after}; queue head after vLLM's step {na.head})")
+        return _admission_class(k, mo, na, entered_m, entered_n, native_steps, window, policy_name,
+                                native)
     if mo.scheduled != na.scheduled:
         diff = {i: (mo.scheduled.get(i), na.scheduled.get(i)) for i in set(mo.scheduled) | set(na.scheduled)
                 if mo.scheduled.get(i) != na.scheduled.get(i)}
@@ -763,3 +830,62 @@ def classify_step(k: int, model_steps, native_steps, window, policy_name: str,
             return "lone_long_prefill", f"tokens (vllm_v1, vLLM): {diff}"
         return "chunk_tokens", f"tokens (vllm_v1, vLLM): {diff}"
     return "step_time", f"step start {mo.start_ps} ps (vllm_v1) vs {na.start_ps} ps (vLLM)"
+
+
+def _cache_hit_class(mo, na, entered_m, entered_n) -> tuple[str, str] | None:
+    """``cache_hit`` (and what was seen) when a request admitted by both has another hit, or one
+    admitted by one engine only has a hit; else None (:func:`classify_step`)."""
+    both = [i for i in entered_n if i in set(entered_m)]
+    other = {i: (mo.hits.get(i, 0), na.hits.get(i, 0)) for i in both
+             if mo.hits.get(i, 0) != na.hits.get(i, 0)}
+    if other:
+        return "cache_hit", f"hit tokens at admission (vllm_v1, vLLM): {other}"
+    if set(entered_m) != set(entered_n):
+        only_m = sorted(set(entered_m) - set(entered_n), key=mo.waiting.index)
+        only_n = sorted(set(entered_n) - set(entered_m), key=na.waiting.index)
+        hit_m = {i: mo.hits.get(i, 0) for i in only_m if mo.hits.get(i, 0)}
+        hit_n = {i: na.hits.get(i, 0) for i in only_n if na.hits.get(i, 0)}
+        if hit_m or hit_n:
+            return "cache_hit", (f"vllm_v1 admitted {only_m} (hits {hit_m}), vLLM {only_n} (hits "
+                                 f"{hit_n}); free blocks {na.free_blocks}, then {na.free_after}; "
+                                 f"queue head after vLLM's step {na.head}")
+    return None
+
+
+def _admission_class(k, mo, na, entered_m, entered_n, native_steps, window, policy_name,
+                     native) -> tuple[str, str]:
+    """The class of a first differing step ``k`` at which the two engines admitted other requests
+    (:func:`classify_step`)."""
+    bs = native.block_size
+    only_m = sorted(set(entered_m) - set(entered_n), key=mo.waiting.index)
+    only_n = sorted(set(entered_n) - set(entered_m), key=na.waiting.index)
+    earlier = {i for s in native_steps[:k] for i in s.preempted}
+    budget_left = native.max_num_batched_tokens - sum(na.scheduled.values())
+    if only_m and na.head is not None and na.head[0] == only_m[0]:
+        x, tokens = na.head
+        chunk = mo.scheduled[x]
+        if native.reserve_full_isl and -(-tokens // bs) > na.free_after >= -(-chunk // bs):
+            return "full_sequence_reservation", (
+                f"request {x}: {tokens} tokens = {-(-tokens // bs)} blocks, {na.free_after} free; "
+                f"vllm_v1 admitted its first chunk of {chunk} tokens")
+        if not native.enable_chunked_prefill and tokens > budget_left and chunk < tokens:
+            return "chunked_prefill_off", (f"request {x}: {tokens} tokens, {budget_left} left in "
+                                           f"the budget; vllm_v1 admitted a chunk of {chunk}")
+    if native_form(policy_name) == "priority":
+        again = sorted(earlier & set(only_m + only_n))
+        if again:
+            return "preempted_queue_position", (f"vllm_v1 admitted {only_m}, vLLM {only_n}; "
+                                                f"preempted before: {again}")
+        from ..policies import make_policy
+        x = None if na.head is None else na.head[0]
+        if (only_m and x is not None and x in mo.waiting and x not in entered_m
+                and getattr(make_policy(policy_name), "evict", False)):
+            return "waiting_eviction", (f"vllm_v1 passed over request {x}, which no eviction "
+                                        f"could fit, and admitted {only_m}; vLLM stopped at it "
+                                        f"(free blocks {na.free_blocks}, then {na.free_after})")
+        from ..realengine.vllm_settings import priorities
+        prio = priorities(window, policy_name)
+        if only_m and only_n and prio[only_m[0]] == prio[only_n[0]]:
+            return "tie_order", f"vllm_v1 admitted {only_m}, vLLM {only_n}, priority {prio[only_m[0]]}"
+    return "admission", (f"vllm_v1 admitted {only_m}, vLLM {only_n} (free blocks {na.free_blocks}, "
+                         f"then {na.free_after}; queue head after vLLM's step {na.head})")
