@@ -13,16 +13,16 @@
 #
 # :::{admonition} Finding
 # :class: tip pb-finding
-# Rankings mostly port from no cache to a cache that holds the trace's reuse, but not exactly. With
-# each window's cache warm and a {glue:text}`rq9_tier_size:s` offload tier behind one GPU's, at the
+# Rankings mostly port from no cache to a cache that holds the trace's reuse. With each window's
+# cache warm and a {glue:text}`rq9_tier_size:s` offload tier behind one GPU's, at the
 # same load as cache off and at SLO ×{glue:text}`rq9_tight_slo:s`, the ranking keeps a median τ_b of
 # {glue:text}`rq9_tau_same_load:s` on Mooncake's conversation trace
 # ({glue:text}`rq9_supported_same_load:d` supported reversals) and
 # {glue:text}`rq9_tau_same_load_synthetic:s` on its synthetic trace
 # ({glue:text}`rq9_supported_same_load_synthetic:d`); on TTFT attainment
 # {glue:text}`rq9_tau_ttft:s` ({glue:text}`rq9_supported_ttft:d`). The tier serves
-# {glue:text}`rq9_window_hit_rate_131072_tier4194304:s` of a warm window's looked-up tokens (one
-# GPU's cache {glue:text}`rq9_window_hit_rate_131072:s`). Mean ANWG gains most for
+# {glue:text}`rq9_window_hit_rate_131072_tier4194304:s` of a warm window's looked-up tokens.
+# Mean ANWG gains most for
 # {glue:text}`rq9_gainers:s`. The best cache-aware order less its cache-blind twin is
 # {glue:text}`rq9_cache_aware_vs_blind:s`; SGLang's prefix orders against FIFO:
 # {glue:text}`rq9_other_twins:s`. The warm cache decides as vLLM's own scheduler in
