@@ -50,11 +50,11 @@ def _windows_describe(args) -> int:
 
 
 def _windows_add(args) -> int:
-    from . import traces
-    rows = traces.add_source(args.source, args.path, fmt=args.format, n_windows=args.n_windows,
-                             seed=args.seed, window_size=args.window_size,
-                             data_dir=args.data_dir, replace=args.replace,
-                             column_map=_parse_column_map(args.columns))
+    from . import store
+    rows = store.add_source(args.source, args.path, fmt=args.format, n_windows=args.n_windows,
+                            seed=args.seed, window_size=args.window_size,
+                            data_dir=args.data_dir, replace=args.replace,
+                            column_map=_parse_column_map(args.columns))
     from .store import windows_dir
     print(f"added {len(rows)} windows of source {args.source!r} "
           f"({int(rows['n_requests'].sum())} requests) to {windows_dir(args.data_dir)}")

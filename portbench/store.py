@@ -35,7 +35,7 @@ import hashlib
 import lzma
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from functools import lru_cache
 from pathlib import Path
 
@@ -43,6 +43,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from . import traces
 from .workload import History, Window, make_window
 
 #: Columns of a source's Parquet file, in order.
@@ -294,7 +295,6 @@ def _restore_trace(path) -> str:
 @lru_cache(maxsize=4)
 def _read_trace(path: str, stamp: tuple, sha256: str) -> _Trace:
     # ``stamp`` (mtime, inode, size) only keys the cache: a rewritten file is read again.
-    from . import traces        # (traces imports this module)
     digest = hashlib.sha256()
     try:
         with lzma.open(path) as f:
@@ -543,3 +543,29 @@ def import_lssp(shared_dir: Path, data_dir: Path | None = None) -> pd.DataFrame:
                             "source_record_id": rows["source_record_id"].tolist(), **extra})
         out.append(write_source(source, windows, data_dir, replace=True))
     return pd.concat(out, ignore_index=True)
+
+
+def add_source(source: str, path, *, fmt: str, n_windows: int, seed: int, window_size: int = 200,
+               data_dir=None, replace: bool = False, column_map: Mapping[str, str] | None = None,
+               offset: int = 0, time_unit: str = "s") -> pd.DataFrame:
+    """Read a raw trace, cut windows and add them to the store as ``source``; returns manifest rows.
+
+    Everything (reading, validation, cutting) completes before ``store.write_source`` is called, and
+    that write is atomic, so any error leaves the store untouched. A prefix-hashed format's windows
+    keep their block hashes (and ``block_tokens`` in the manifest), covered by their checksum.
+    The new source joins default campaigns only where it is named (:mod:`portbench.store`).
+    """
+    if not traces.SOURCE_NAME.match(source):
+        raise ValueError(f"source name {source!r} must be letters, digits, '_', '.' or '-'")
+    manifest_path = windows_dir(data_dir) / "manifest.csv"
+    if not replace and manifest_path.exists() and source in set(read_manifest(data_dir)["source"]):
+        # Fail before reading a possibly huge file.
+        raise WindowStoreError(f"source {source!r} already has windows; pass replace to overwrite")
+    frame, report = traces.read_trace(path, fmt, column_map=column_map, time_unit=time_unit)
+    windows = traces.cut_windows(frame, n_windows=n_windows, window_size=window_size, seed=seed,
+                          source=source, offset=offset)
+    for w in windows:
+        w["source_file"] = Path(path).name
+        if report.block_tokens:
+            w["block_tokens"] = report.block_tokens
+    return write_source(source, windows, data_dir, replace=replace)

@@ -35,7 +35,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import store
 from .workload import synthesize_predictions
 
 #: Columns of a normalised trace frame, in order.
@@ -46,7 +45,7 @@ PREDICTION_SEED_BASE = 900_000
 _CHUNK_ROWS = 1_000_000
 _TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 _NAN_WORDS = {"nan", "na", "n/a", "null", "none"}
-_SOURCE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+SOURCE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 #: Prompt tokens per hashed block in the Mooncake traces (their ``hash_ids``).
 MOONCAKE_BLOCK_TOKENS = 512
 #: Chronology strata of a cut, in time order: window i of n is stratum ``3 i // n``, as the study
@@ -531,7 +530,7 @@ def read_generic_csv(path, columns: Mapping[str, str], time_unit: str = "s") -> 
     return _read(path, spec, _csv_chunks(path, [spec.time_col, spec.input_col, spec.output_col]))
 
 
-#: ``fmt`` names accepted by :func:`read_trace` / :func:`add_source` (``csv`` = ``generic``, as the CLI says).
+#: ``fmt`` names accepted by :func:`read_trace` / :func:`portbench.store.add_source` (``csv`` = ``generic``, as the CLI says).
 READERS = {"burstgpt": read_burstgpt, "azure": read_azure, "bailian": read_bailian,
            "mooncake": read_mooncake, "generic": read_generic_csv, "csv": read_generic_csv}
 
@@ -660,32 +659,6 @@ def read_trace(path, fmt: str, *, column_map: Mapping[str, str] | None = None,
     if column_map is not None or time_unit != "s":
         raise ValueError(f"column_map and time_unit apply to fmt='generic'/'csv' only, not {fmt!r}")
     return READERS[fmt](path)
-
-
-def add_source(source: str, path, *, fmt: str, n_windows: int, seed: int, window_size: int = 200,
-               data_dir=None, replace: bool = False, column_map: Mapping[str, str] | None = None,
-               offset: int = 0, time_unit: str = "s") -> pd.DataFrame:
-    """Read a raw trace, cut windows and add them to the store as ``source``; returns manifest rows.
-
-    Everything (reading, validation, cutting) completes before ``store.write_source`` is called, and
-    that write is atomic, so any error leaves the store untouched. A prefix-hashed format's windows
-    keep their block hashes (and ``block_tokens`` in the manifest), covered by their checksum.
-    The new source joins default campaigns only where it is named (:mod:`portbench.store`).
-    """
-    if not _SOURCE_NAME.match(source):
-        raise ValueError(f"source name {source!r} must be letters, digits, '_', '.' or '-'")
-    manifest_path = store.windows_dir(data_dir) / "manifest.csv"
-    if not replace and manifest_path.exists() and source in set(store.read_manifest(data_dir)["source"]):
-        # Fail before reading a possibly huge file.
-        raise store.WindowStoreError(f"source {source!r} already has windows; pass replace to overwrite")
-    frame, report = read_trace(path, fmt, column_map=column_map, time_unit=time_unit)
-    windows = cut_windows(frame, n_windows=n_windows, window_size=window_size, seed=seed,
-                          source=source, offset=offset)
-    for w in windows:
-        w["source_file"] = Path(path).name
-        if report.block_tokens:
-            w["block_tokens"] = report.block_tokens
-    return store.write_source(source, windows, data_dir, replace=replace)
 
 
 def describe_trace(frame: pd.DataFrame) -> dict:

@@ -14,7 +14,8 @@ import pytest
 from portbench import store
 from portbench.campaign import CampaignConfig, results_are_current, run_campaign
 from portbench.cli import main as cli_main
-from portbench.traces import (MOONCAKE_BLOCK_TOKENS, TraceFormatError, add_source, cut_windows,
+from portbench.store import add_source
+from portbench.traces import (MOONCAKE_BLOCK_TOKENS, TraceFormatError, cut_windows,
                               read_mooncake, read_trace)
 from portbench.workload import synthesize_predictions
 

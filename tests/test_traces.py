@@ -8,7 +8,8 @@ import pandas as pd
 import pytest
 
 from portbench import store
-from portbench.traces import (TraceFormatError, add_source, cut_windows, describe_trace, read_azure,
+from portbench.store import add_source
+from portbench.traces import (TraceFormatError, cut_windows, describe_trace, read_azure,
                               read_bailian, read_burstgpt, read_generic_csv, stride_window_starts)
 from portbench.workload import synthesize_predictions
 
